@@ -1,0 +1,39 @@
+# The two set-up commands are `make lab` and `make test`; both create .venv and install on first use.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+# CPU build by default (on the course machines torch 2.13.0 lies on disk as a CPU wheel).
+# GPU users: make test TORCH="torch --index-url https://download.pytorch.org/whl/cu126"
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.kvlab-installed
+NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+
+.PHONY: install lab test notebooks notebook bench student clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[lab,test,ui]"
+	touch $@
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/00_welcome.ipynb
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check kvlab tests tools
+	$(PY) -m pytest tests notebooks $(NBVAL)
+
+# Re-execute every notebook top to bottom in a fresh kernel and save its outputs.
+notebooks: $(STAMP)
+	$(PY) tools/run_notebooks.py notebooks/*.ipynb
+
+# One notebook: make notebook NB=notebooks/03_cache_memory.ipynb
+notebook: $(STAMP)
+	$(PY) tools/run_notebooks.py $(NB)
+
+bench: $(STAMP)
+	$(PY) -m kvlab.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

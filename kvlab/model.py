@@ -1,0 +1,158 @@
+"""A small Llama-style decoder: RMSNorm, RoPE, SwiGLU and grouped-query attention.
+
+Read it top to bottom: `Transformer.forward` embeds tokens, runs `n_layers` blocks and projects
+to logits. The only line the KV cache adds is in `Attention.forward`, marked `# KV cache`: the
+new keys and values go into the cache, and attention runs over everything cached so far.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import attention, causal_mask
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 (as Llama does), then scale in the input's dtype.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position × frequency, (max_seq_len, head_dim), computed once."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by their position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.n_heads, config.n_kv_heads, config.head_dim)
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.split = [q_size, kv_size, kv_size]
+        self.qkv = nn.Linear(config.d_model, sum(self.split), bias=config.qkv_bias)  # fused Q, K, V
+        self.out = nn.Linear(q_size, config.d_model, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache=None, layer: int = 0):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)      # (B, H, T, D)
+        k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, H_kv, T, D)
+        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # KV cache: store the new K, V; get all of them back
+        y = attention(q, k, v, mask)
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matrix."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(config.d_model, 2 * config.d_ff, bias=False)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = FeedForward(config)
+
+    def forward(self, x, cos, sin, mask, cache=None, layer: int = 0):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, layer)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        # Not part of the weights: rebuilt from the config, so not saved in state_dict.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids: torch.Tensor, cache=None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) for input_ids (B, T).
+
+        With a cache, input_ids are the tokens after those already cached (a prompt to prefill,
+        or one new token to decode). `attention_mask` (B, cached + T), 1 for real tokens and 0 for
+        padding, lets a batch hold prompts of different lengths (left-padded).
+        """
+        b, t = input_ids.shape
+        start = cache.seq_len if cache is not None else 0
+        if start + t > self.config.max_seq_len:
+            raise ValueError(f"sequence of {start + t} tokens exceeds "
+                             f"max_seq_len={self.config.max_seq_len}")
+        positions, mask = self._positions_and_mask(b, t, start, attention_mask, input_ids.device)
+        cos = self.rope_cos[positions].to(self.embed.weight.dtype)
+        sin = self.rope_sin[positions].to(self.embed.weight.dtype)
+        x = self.embed(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, cache, i)
+        return self.lm_head(self.norm(x))
+
+    def _positions_and_mask(self, b, t, start, attention_mask, device):
+        """RoPE positions, (T,) or (B, 1, T), and the boolean attention mask (or None)."""
+        if attention_mask is None:
+            positions = torch.arange(start, start + t, device=device)
+            # One new token may look at every cached one: no mask needed on the decode path.
+            return positions, (causal_mask(t, start + t, device) if t > 1 else None)
+        if attention_mask.shape != (b, start + t):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; "
+                             f"expected (batch, cached + new) = {(b, start + t)}")
+        keep = attention_mask.to(device=device, dtype=torch.bool)
+        positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, None, start:]  # pads don't count
+        mask = causal_mask(t, start + t, device) & keep[:, None, None, :]
+        # A padding query would see no key at all (softmax of nothing = NaN): let it see itself.
+        itself = torch.arange(start + t, device=device) == torch.arange(start, start + t,
+                                                                       device=device)[:, None]
+        mask = mask | itself
+        return positions, mask
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
