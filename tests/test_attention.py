@@ -1,0 +1,40 @@
+import pytest
+import torch
+
+from kvlab.attention import attention, causal_mask, naive_attention, repeat_kv
+
+
+def test_causal_mask_lets_each_query_see_itself_and_earlier():
+    assert causal_mask(3, 3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    # Two new queries after three cached keys: they see the cache plus the causal part.
+    assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True] * 5]
+    with pytest.raises(ValueError, match="q_len=4 must be <= k_len=3"):
+        causal_mask(4, 3)
+
+
+def test_repeat_kv_shares_each_kv_head_with_its_group():
+    x = torch.randn(2, 3, 5, 4)
+    y = repeat_kv(x, 2)
+    assert y.shape == (2, 6, 5, 4)
+    for h in range(6):
+        assert torch.equal(y[:, h], x[:, h // 2])
+    assert repeat_kv(x, 1) is x
+
+
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("q_len, k_len", [(6, 6), (1, 9), (3, 8)])
+def test_teaching_maths_equals_fast_path(n_heads, n_kv_heads, q_len, k_len):
+    q = torch.randn(2, n_heads, q_len, 16)
+    k, v = torch.randn(2, n_kv_heads, k_len, 16), torch.randn(2, n_kv_heads, k_len, 16)
+    mask = causal_mask(q_len, k_len)
+    torch.testing.assert_close(naive_attention(q, k, v, mask), attention(q, k, v, mask))
+    torch.testing.assert_close(naive_attention(q, k, v), attention(q, k, v))
+
+
+def test_masked_keys_do_not_matter():
+    q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    mask = torch.tensor([[True, True, False, False]])  # (queries, keys)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 2:] += 100.0
+    v2[:, :, 2:] -= 100.0
+    torch.testing.assert_close(attention(q, k, v, mask), attention(q, k2, v2, mask))
