@@ -1,0 +1,23 @@
+import torch
+
+from kvlab import env
+
+
+def test_report_describes_this_machine(capsys):
+    info = env.report()
+    assert info["torch"] == torch.__version__
+    assert info["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert info["colab"] is False
+    if not torch.cuda.is_available():
+        assert info["gpu"] is None and info["compute_dtype"] == "float32"
+    env.print_report()
+    assert "torch" in capsys.readouterr().out
+
+
+def test_colab_is_detected_from_its_environment(monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    assert env.on_colab()
+
+
+def test_cpu_computes_in_float32():
+    assert env.half_dtype(torch.device("cpu")) == torch.float32
