@@ -35,5 +35,9 @@ notebook: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m kvlab.bench
 
+# Solution-free copies of every notebook (cells tagged `solution` removed, outputs cleared) in student/.
+student: $(STAMP)
+	$(PY) tools/student.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -4,9 +4,9 @@ Submodules hold one concept each (config, memory, attention, model, cache, gener
 import them as `kvlab.memory`, `kvlab.cache`, etc.
 """
 
-from . import attention, cache, config, env, generate, memory, model
+from . import attention, cache, config, env, generate, gqa, memory, model, paging, pretrained, quant
 from .config import PRESETS, ModelConfig
 
-__all__ = ["ModelConfig", "PRESETS", "attention", "cache", "config", "env", "generate",
-           "memory", "model"]
+__all__ = ["ModelConfig", "PRESETS", "attention", "cache", "config", "env", "generate", "gqa",
+           "memory", "model", "quant", "paging", "pretrained"]
 __version__ = "0.1.0"

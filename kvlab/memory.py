@@ -152,3 +152,18 @@ def require_fit(config: ModelConfig, gpu_name: str | GPU, seq_len: int, batch_si
             f"most sequences of this length: {p.max_batch}"
         )
     return p
+
+
+def format_bytes(n: int | float) -> str:
+    """Bytes in binary units (KiB, MiB, GiB, TiB: powers of 1,024), two decimals: '2.00 GiB'.
+
+    Memory sizes in the course are binary; GPUs are sold in decimal GB (10**9 bytes), which is why
+    an "80GB" A100 holds 74.51 GiB.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n != n:
+        raise ValueError(f"n={n!r} must be a number of bytes")
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{n:.0f} B" if n == int(n) else f"{sign}{n:.2f} B"

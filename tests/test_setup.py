@@ -1,10 +1,12 @@
 """The set-up a newcomer relies on: environment.yml, pyproject.toml, Makefile and CI agree."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name

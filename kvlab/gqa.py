@@ -1,0 +1,141 @@
+"""Sharing K and V across query heads: MHA → GQA → MQA, converting a model, and MLA for comparison.
+
+Multi-head attention (MHA) gives every query head its own key and value head; grouped-query
+attention (GQA) lets a group of n_rep query heads share one KV head; multi-query attention (MQA)
+is the extreme where all query heads share a single KV head. The cache only stores KV heads, so it
+shrinks by n_heads / n_kv_heads. Query head h reads KV head h // n_rep (the layout of
+`kvlab.attention.repeat_kv`).
+
+`mha_to_gqa` turns a trained model's KV heads into fewer by mean-pooling the K and V projection
+heads of each group: the initialisation the GQA paper (Ainslie et al. 2023, arXiv:2305.13245)
+uses before *uptraining* (continued training with about 5 % of the pre-training compute). Without
+uptraining the pooled model is worse than a model trained with GQA from the start.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig, divisors
+from .memory import kv_elements_per_token
+from .model import Transformer
+
+
+def kv_head_of(query_head: int, n_heads: int, n_kv_heads: int) -> int:
+    """The KV head that query head `query_head` reads (same layout as `repeat_kv`)."""
+    _check_divides(n_kv_heads, n_heads)
+    if not 0 <= query_head < n_heads:
+        raise ValueError(f"query_head={query_head} out of range 0..{n_heads - 1}")
+    return query_head // (n_heads // n_kv_heads)
+
+
+def kv_groups(n_heads: int, n_kv_heads: int) -> list[list[int]]:
+    """For each KV head, the query heads it serves: kv_groups(8, 2) = [[0, 1, 2, 3], [4, 5, 6, 7]]."""
+    _check_divides(n_kv_heads, n_heads)
+    n_rep = n_heads // n_kv_heads
+    return [list(range(g * n_rep, (g + 1) * n_rep)) for g in range(n_kv_heads)]
+
+
+def variants(config: ModelConfig) -> dict[str, ModelConfig]:
+    """The same model shape with MHA, its own KV-head count and MQA (plus MLA if it is an MLA model).
+
+    Keys are labels such as "MHA (64 KV heads)", "GQA (8 KV heads)", "MQA (1 KV head)", "MLA".
+    An MLA config's own entry is the MLA one; its MHA/GQA/MQA entries drop the latent.
+    """
+    plain = config.with_(kv_latent_dim=None)
+    out = {f"MHA ({config.n_heads} KV heads)": plain.with_(n_kv_heads=config.n_heads)}
+    if config.kv_latent_dim is None and 1 < config.n_kv_heads < config.n_heads:
+        out[f"GQA ({config.n_kv_heads} KV heads)"] = plain
+    out["MQA (1 KV head)"] = plain.with_(n_kv_heads=1)
+    if config.kv_latent_dim is not None:
+        out["MLA"] = config
+    return out
+
+
+def gqa_equivalent_kv_heads(config: ModelConfig) -> float:
+    """How many KV heads of this head_dim cache as many elements as the model does per layer.
+
+    For an MLA model (DeepSeek-V2: 576-element latent, head_dim 128) this is 576 / (2 × 128) = 2.25:
+    its cache is that of GQA with 2.25 groups.
+    """
+    per_layer = kv_elements_per_token(config) / config.n_layers
+    return per_layer / (2 * config.head_dim)
+
+
+def mha_ratio(config: ModelConfig) -> float:
+    """How many times smaller the cache is than MHA at the same shape (MHA → 1, Llama-2-70B → 8)."""
+    mha = config.with_(n_kv_heads=config.n_heads, kv_latent_dim=None)
+    return kv_elements_per_token(mha) / kv_elements_per_token(config)
+
+
+def pool_kv_heads(weight: torch.Tensor, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Mean-pool the rows of a K or V projection (n_old × head_dim rows) into n_kv_heads heads.
+
+    Works for a weight (rows, d_model) and a bias (rows,). Consecutive old heads form a group, so
+    pooled head g stands for the old heads that served the query heads now reading head g.
+    """
+    rows = weight.shape[0]
+    if rows % head_dim:
+        raise ValueError(f"{rows} rows is not a whole number of heads of head_dim={head_dim}")
+    n_old = rows // head_dim
+    _check_divides(n_kv_heads, n_old, what="the heads in weight")
+    grouped = weight.reshape(n_kv_heads, n_old // n_kv_heads, head_dim, *weight.shape[1:])
+    return grouped.mean(dim=1).reshape(n_kv_heads * head_dim, *weight.shape[1:])
+
+
+def repeat_kv_heads(weight: torch.Tensor, n_rep: int, head_dim: int) -> torch.Tensor:
+    """Copy each head's rows of a K or V projection n_rep times (the inverse of pooling copies)."""
+    if n_rep < 1:
+        raise ValueError(f"n_rep={n_rep} must be >= 1")
+    n_old = weight.shape[0] // head_dim
+    grouped = weight.reshape(n_old, 1, head_dim, *weight.shape[1:])
+    grouped = grouped.expand(n_old, n_rep, head_dim, *weight.shape[1:])
+    return grouped.reshape(n_old * n_rep * head_dim, *weight.shape[1:]).clone()
+
+
+def mha_to_gqa(model: Transformer, n_kv_heads: int) -> Transformer:
+    """A copy of `model` with n_kv_heads KV heads, each the mean of the K/V heads of its group.
+
+    Every other weight is copied unchanged. n_kv_heads must divide the model's current number of KV
+    heads (for an MHA model: n_heads); n_kv_heads equal to it returns an exact copy.
+    """
+    cfg = model.config
+    _check_divides(n_kv_heads, cfg.n_heads)
+    _check_divides(n_kv_heads, cfg.n_kv_heads, what="the model's n_kv_heads")
+    return _rebuild(model, cfg.with_(n_kv_heads=n_kv_heads),
+                    lambda w: pool_kv_heads(w, n_kv_heads, cfg.head_dim))
+
+
+def gqa_to_mha(model: Transformer) -> Transformer:
+    """An MHA copy of a GQA/MQA model: each KV head copied to every query head of its group.
+
+    Exact: the MHA model computes the same attention, just storing each KV head n_rep times.
+    """
+    cfg = model.config
+    return _rebuild(model, cfg.with_(n_kv_heads=cfg.n_heads),
+                    lambda w: repeat_kv_heads(w, cfg.n_rep, cfg.head_dim))
+
+
+def _rebuild(model: Transformer, new_cfg: ModelConfig, convert) -> Transformer:
+    """A new Transformer(new_cfg) holding model's weights, with `convert` applied to K and V rows."""
+    cfg = model.config
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+            q, k, v = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
+            tensor = torch.cat([q, convert(k), convert(v)], dim=0)
+        state[name] = tensor.clone()
+    param = next(model.parameters())
+    with torch.device(param.device):
+        new = Transformer(new_cfg).to(param.dtype)
+    new.load_state_dict(state)
+    return new.train(model.training)
+
+
+def _check_divides(n_kv_heads, n: int, what: str = "n_heads") -> None:
+    """Refuse a KV-head count that is not a positive divisor of n, listing the allowed ones."""
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1:
+        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive integer; allowed: {divisors(n)}")
+    if n % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} must divide {what}={n}; allowed: {divisors(n)}")

@@ -1,0 +1,134 @@
+"""A smoke run of kvlab.bench: medians, roofline arithmetic, result files. No timing thresholds."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from kvlab import PRESETS, bench, memory
+from kvlab.model import Transformer
+
+TINY = PRESETS["tiny-gqa"]
+
+
+def test_median_is_the_middle_value():
+    assert bench.median([3.0, 1.0, 2.0]) == 2.0
+    assert bench.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert bench.median([5.0, 100.0, 5.0]) == 5.0  # one slow outlier changes nothing
+    with pytest.raises(ValueError, match="median of no values"):
+        bench.median([])
+
+
+def test_time_interleaved_warms_up_and_repeats():
+    calls = []
+    times = bench.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                   repeats=3, warmup=1)
+    assert sorted(times) == ["a", "b"] and all(len(t) == 3 for t in times.values())
+    assert calls.count("a") == calls.count("b") == 4  # 1 warm-up + 3 timed each
+    assert calls[:2] == ["a", "b"] and calls[2:4] == ["b", "a"]  # the order rotates
+    with pytest.raises(ValueError, match="repeats=0 must be >= 1"):
+        bench.time_interleaved({"a": lambda: None}, repeats=0)
+
+
+def test_roofline_reproduces_the_published_bounds():
+    # REFERENCE.md: Llama-2-7B FP16, batch 1: T4 ≈ 24 tok/s, A100-80 ≈ 151, H100 ≈ 249.
+    cfg = PRESETS["llama-2-7b"]
+    bounds = {name: bench.roofline(cfg, memory.GPUS[name].bandwidth_bytes_per_s).tokens_per_s
+              for name in ("T4 16GB", "A100 80GB", "H100 80GB")}
+    assert round(bounds["T4 16GB"]) == 24
+    assert round(bounds["A100 80GB"]) == 151
+    assert round(bounds["H100 80GB"]) in (248, 249)
+    r = bench.roofline(cfg, 1e12, context=4096, batch_size=2)
+    assert r.bytes_per_step == memory.weight_bytes(cfg) + memory.kv_cache_bytes(cfg, 4096, 2)
+    assert r.tokens_per_s == pytest.approx(2 / r.seconds_per_step)
+    with pytest.raises(ValueError, match="bandwidth_bytes_per_s=0 must be > 0"):
+        bench.roofline(cfg, 0)
+
+
+def test_gpu_names_match_the_table():
+    assert bench.match_gpu("Tesla T4").name == "T4 16GB"
+    assert bench.match_gpu("NVIDIA A100-SXM4-80GB", 80 * 10**9).name == "A100 80GB"
+    assert bench.match_gpu("NVIDIA A100-SXM4-40GB", 40 * 10**9).name == "A100 40GB"
+    assert bench.match_gpu("NVIDIA H100 80GB HBM3").name == "H100 80GB"
+    assert bench.match_gpu("NVIDIA GeForce RTX 3060") is None
+
+
+def test_machine_description_has_the_facts():
+    m = bench.machine("cpu")
+    assert m["device"] == "cpu" and m["torch"] == torch.__version__
+    assert m["threads"] == torch.get_num_threads() and m["date"].endswith("UTC") and m["cpu"]
+
+
+def test_sweeps_and_files(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    rows = bench.sweep_lengths(model, [4], repeats=2)
+    assert [r["method"] for r in rows] == ["naive", "cached (static)", "fast eager"]
+    assert all(r["repeats"] == 2 and r["tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["tokens_per_s"] == pytest.approx(4 / rows[0]["median_s"])
+    modes = bench.sweep_modes(model, 4, ["eager"], repeats=1)
+    batch = bench.sweep_batch(model, [2], 4, repeats=1)
+    assert batch[0]["tokens_per_s"] == pytest.approx(8 / batch[0]["median_s"])
+    mem = bench.memory_check(model, 2, 16)
+    assert mem["cache_bytes"] == mem["predicted_cache_bytes"] == memory.kv_cache_bytes(TINY, 16, 2, "fp32")
+    roof = bench.roofline_rows(model, 1e10, "test", modes)
+    assert 0 < roof[0]["fraction_of_bandwidth"] < 1
+    result = {"machine": bench.machine("cpu"), "model": "tiny", "rows": rows + modes + batch + [mem] + roof,
+              "notes": ["a note"], "args": "--quick"}
+    paths = bench.write_results(result, tmp_path, "cpu-test")
+    data = json.loads(paths["json"].read_text())
+    assert data["machine"]["torch"] == torch.__version__ and len(data["rows"]) == len(result["rows"])
+    with paths["csv"].open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(result["rows"]) and table[0]["machine_device"] == "cpu"
+    md = paths["md"].read_text()
+    assert "Naive vs cached" in md and "no GPU in this run" in md and "a note" in md
+    index = paths["index"].read_text()
+    assert "[cpu-test](cpu-test.md)" in index and "No GPU result has been recorded yet" in index
+
+
+def test_compare_hf_checks_tokens(tmp_path):
+    pytest.importorskip("transformers")
+    rows = bench.compare_hf(TINY, new_tokens=6, prompt_len=4, repeats=1, device="cpu")
+    assert len(rows) == 4 and all(r["tokens_identical"] for r in rows)
+    hf_static = [r for r in rows if r["method"] == "transformers generate (static cache)"][0]
+    assert hf_static["speedup_vs_hf_static"] == pytest.approx(1.0)
+
+
+def test_command_line_quick_run(tmp_path):
+    result = bench.main(["--quick", "--repeats", "1", "--sweeps", "memory", "--out", str(tmp_path),
+                         "--stem", "smoke", "--no-progress"])
+    assert (tmp_path / "smoke.json").exists() and (tmp_path / "README.md").exists()
+    assert result["rows"][0]["sweep"] == "memory"
+    with pytest.raises(ValueError, match="unknown sweeps"):
+        bench.run(bench.parse_args(["--sweeps", "speed"]))
+
+
+def test_fit_step_time_recovers_a_line():
+    overhead, per_token = bench.fit_step_time([8, 16, 32, 64], [0.002 + 1e-5 * t for t in (8, 16, 32, 64)])
+    assert overhead == pytest.approx(0.002) and per_token == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="need two or more"):
+        bench.fit_step_time([8], [0.1])
+
+
+def test_count_ops_counts_dispatched_operations():
+    x = torch.ones(4)
+    assert bench.count_ops(lambda: x + 1) == 1
+    assert bench.count_ops(lambda: (x + 1) * 2 - x) == 3
+
+
+def test_cpu_clock_and_bad_clock():
+    assert bench.time_call(lambda: sum(range(1000)), "cpu", clock="cpu") >= 0
+    with pytest.raises(ValueError, match="clock='gpu' is not known; allowed: wall, cpu"):
+        bench.time_call(lambda: None, "cpu", clock="gpu")
+
+
+def test_roofline_exercise_checker(capsys):
+    from kvlab import check
+
+    bound = bench.roofline(PRESETS["llama-3-8b"], memory.GPUS["T4 16GB"].bandwidth_bytes_per_s).tokens_per_s
+    assert check.llama3_t4_roofline(bound)
+    assert not check.llama3_t4_roofline(None) and not check.llama3_t4_roofline(bound * 2)
+    assert not check.llama3_t4_roofline(1 / bound)
+    assert "seconds per token" in capsys.readouterr().out

@@ -1,0 +1,255 @@
+"""kvlab.memory against the hand-checked values in REFERENCE.md (and the llama.cpp log)."""
+
+import pytest
+import torch
+
+from kvlab import PRESETS
+from kvlab.cache import StaticKVCache
+from kvlab.config import PUBLISHED
+from kvlab.memory import (
+    DTYPE_BITS,
+    GB,
+    GPUS,
+    DoesNotFitError,
+    GiB,
+    MiB,
+    format_bytes,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    kv_elements_per_token,
+    param_count,
+    plan,
+    require_fit,
+    weight_bytes,
+)
+
+KiB = 1024
+L7 = PRESETS["llama-7b"]
+L70 = PRESETS["llama-2-70b"]
+
+# REFERENCE.md, "Published model shapes": FP16 KV bytes per token, all layers.
+PER_TOKEN_FP16 = {
+    "llama-7b": 512 * KiB,
+    "llama-13b": 800 * KiB,
+    "llama-65b": 2.5 * MiB,
+    "llama-2-7b": 512 * KiB,
+    "llama-2-13b": 800 * KiB,
+    "llama-2-70b": 320 * KiB,
+    "llama-3-8b": 128 * KiB,
+    "llama-3-70b": 320 * KiB,
+    "llama-3.1-405b": 504 * KiB,
+    "mistral-7b": 128 * KiB,
+    "qwen2.5-7b": 56 * KiB,
+    "qwen2.5-72b": 320 * KiB,
+    "gpt2": 36 * KiB,
+    "tinyllama-1.1b": 22 * KiB,
+    "smollm2-135m": 22.5 * KiB,
+    "deepseek-v2": 67.5 * KiB,
+}
+
+
+def test_every_published_preset_has_a_reference_value():
+    assert sorted(PER_TOKEN_FP16) == sorted(PUBLISHED)
+
+
+@pytest.mark.parametrize("name", sorted(PER_TOKEN_FP16))
+def test_bytes_per_token_match_reference_table(name):
+    assert kv_bytes_per_token(PRESETS[name]) == PER_TOKEN_FP16[name]
+    assert kv_cache_bytes(PRESETS[name], 1) == PER_TOKEN_FP16[name]
+
+
+def test_mla_caches_one_latent_per_layer():
+    ds = PRESETS["deepseek-v2"]
+    assert kv_elements_per_token(ds) == 60 * 576
+    # REFERENCE: "cache ≈ GQA with 2.25 groups" (2 × 2.25 × 128 = 576 elements a layer).
+    assert kv_elements_per_token(ds) == 60 * 2 * 2.25 * 128
+
+
+def test_llama_7b_at_2048_tokens_is_1_gib_and_32_mib_per_layer():
+    # The source chapter prints 16 MB / 0.5 GB: it drops the factor 2 for K and V.
+    total = kv_cache_bytes(L7, 2048)
+    assert total == 1 * GiB
+    assert total // L7.n_layers == 32 * MiB
+    assert total // 2 == 512 * MiB  # K alone: the source's figure
+
+
+def test_llama_7b_at_8192_tokens_is_4_gib():
+    assert kv_cache_bytes(L7, 8192) == 4 * GiB
+
+
+@pytest.mark.parametrize("seq_len, gib", [(4096, 2), (32768, 16), (131072, 64)])
+def test_seed_7b_sizes(seq_len, gib):
+    assert kv_cache_bytes(L7, seq_len) == gib * GiB
+    assert kv_cache_bytes(PRESETS["llama-2-7b"], seq_len) == gib * GiB
+
+
+def test_seed_7b_cache_vs_weights_ratio_at_128k():
+    cache, weights = kv_cache_bytes(L7, 131072), weight_bytes(L7)
+    assert round(cache / GB, 1) == 68.7  # 64 GiB in decimal GB
+    assert round(weights / GB, 1) == 13.5
+    assert round(cache / weights, 1) == 5.1  # consistent units
+    assert 4.5 < 64 / 14 < 4.6  # the source's "4.5×": the GiB count over the GB count
+
+
+def test_llama_2_70b_with_gqa():
+    assert kv_cache_bytes(L70, 4096) == 1.25 * GiB
+    assert round(kv_cache_bytes(L70, 4096) / GB, 2) == 1.34
+    assert kv_cache_bytes(L70, 131072) == 40 * GiB
+    assert kv_cache_bytes(L70, 8192) == 2.5 * GiB
+    # The source's "70B, L=80, H=64, D=128": with all 64 heads cached it would be 20 GiB at 8,192.
+    assert kv_cache_bytes(L70.with_(n_kv_heads=64), 8192) == 20 * GiB
+
+
+def test_llama_cpp_log_256_mb_at_n_ctx_512():
+    # llama.cpp prints `kv self size = 256.00 MB` for LLaMA-7B at n_ctx = 512 (its MB are MiB).
+    assert kv_cache_bytes(L7, 512) == 256 * MiB
+
+
+def test_weights():
+    assert round(param_count(L7) / 1e9, 2) == 6.74
+    assert round(weight_bytes(L7, "fp16") / GB, 1) == 13.5
+    assert round(param_count(L70) / 1e9) == 69
+    assert weight_bytes(L7, "fp32") == 2 * weight_bytes(L7, "fp16") == 4 * weight_bytes(L7, "int8")
+    assert param_count(PRESETS["gpt2"]) == 124_000_000  # published count, not Llama-shaped
+
+
+def test_llama_7b_param_count_from_its_shape():
+    d, ff, v, n = 4096, 11008, 32000, 32
+    per_layer = 4 * d * d + 3 * d * ff + 2 * d
+    assert param_count(L7) == n * per_layer + 2 * v * d + d == 6_738_415_616
+
+
+@pytest.mark.parametrize("dtype, bits", [("fp32", 32), ("fp16", 16), ("bf16", 16), ("fp8", 8),
+                                         ("int8", 8), ("int4", 4)])
+def test_dtype_bytes(dtype, bits):
+    assert DTYPE_BITS[dtype] == bits
+    assert kv_cache_bytes(L7, 2048, dtype=dtype) == GiB * bits // 16
+
+
+def test_cache_scales_linearly_with_tokens_and_batch():
+    one = kv_cache_bytes(L70, 1000)
+    assert kv_cache_bytes(L70, 3000, batch_size=5) == 15 * one
+    assert kv_cache_bytes(L70, 0) == 0
+
+
+@pytest.mark.parametrize("torch_dtype, name", [(torch.float32, "fp32"), (torch.float16, "fp16"),
+                                               (torch.bfloat16, "bf16"), (torch.int8, "int8")])
+@pytest.mark.parametrize("preset", ["tiny-mha", "tiny-gqa", "tiny-mqa"])
+def test_static_cache_nbytes_equals_the_formula(torch_dtype, name, preset):
+    config = PRESETS[preset]
+    cache = StaticKVCache(config, batch_size=3, max_seq_len=40, dtype=torch_dtype)
+    assert cache.k.shape == (config.n_layers, 3, config.n_kv_heads, 40, config.head_dim)
+    assert cache.nbytes == kv_cache_bytes(config, 40, batch_size=3, dtype=name)
+
+
+def test_static_cache_fp8_nbytes_equals_the_formula():
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    if fp8 is None:
+        pytest.skip("this torch has no float8")
+    config = PRESETS["tiny-gqa"]
+    assert StaticKVCache(config, 2, 16, dtype=fp8).nbytes == kv_cache_bytes(config, 16, 2, "fp8")
+
+
+def test_gpus_table():
+    assert list(GPUS) == ["T4 16GB", "A100 40GB", "A100 80GB", "H100 80GB", "H200 141GB"]
+    assert [g.memory_bytes // GB for g in GPUS.values()] == [16, 40, 80, 80, 141]
+    assert round(GPUS["A100 80GB"].memory_bytes / GiB, 2) == 74.51  # sold in GB, used in GiB
+
+
+def test_plan_on_a100_80gb_for_llama_7b():
+    p = plan(L7, "A100 80GB", 4096)
+    assert p.fits and p.cache_bytes == 2 * GiB and p.weight_bytes == weight_bytes(L7)
+    assert p.free_for_cache == 80 * GB - weight_bytes(L7)
+    assert p.max_context == p.free_for_cache // (512 * KiB)
+    assert p.max_batch == p.free_for_cache // (2 * GiB) == 30
+    assert kv_cache_bytes(L7, p.max_context) <= p.free_for_cache < kv_cache_bytes(L7, p.max_context + 1)
+    assert not plan(L7, "A100 80GB", 131072).fits  # 64 GiB of cache + 12.55 GiB of weights
+    assert plan(L7, "A100 80GB", 131072).max_batch == 0
+
+
+def test_plan_batch_divides_the_context():
+    p1, p8 = plan(L7, "H100 80GB", 1024, 1), plan(L7, "H100 80GB", 1024, 8)
+    assert p8.max_context == p1.free_for_cache // (8 * 512 * KiB)
+    assert p8.max_batch == p1.max_batch  # max_batch counts sequences of seq_len, whatever the batch
+
+
+def test_plan_reserve_and_weight_dtype():
+    p = plan(L70, "H200 141GB", 4096, reserve_fraction=0.1)
+    assert p.reserve_bytes == int(141 * GB * 0.1)
+    assert p.free_for_cache == 141 * GB - weight_bytes(L70) - p.reserve_bytes
+    assert p.total_bytes == p.weight_bytes + p.reserve_bytes + p.cache_bytes
+    assert plan(L70, "A100 80GB", 4096).free_for_cache < 0  # fp16 70B weights alone: 128 GiB
+    assert plan(L70, "A100 80GB", 4096, weight_dtype="int8").fits
+
+
+def test_weights_alone_do_not_fit():
+    p = plan(PRESETS["llama-3.1-405b"], "T4 16GB", 128)
+    assert not p.fits and p.free_for_cache < 0 and p.max_context == 0 and p.max_batch == 0
+
+
+def test_require_fit_returns_the_plan_or_refuses_clearly():
+    assert require_fit(L7, "A100 80GB", 4096) == plan(L7, "A100 80GB", 4096)
+    with pytest.raises(DoesNotFitError) as err:
+        require_fit(L7, "A100 80GB", 131072)
+    msg = str(err.value)
+    for part in ("llama-7b", "seq_len=131,072", "64.00 GiB", "A100 80GB", "12.55 GiB of weights",
+                 "longest context at this batch: 126,882 tokens", "most sequences of this length: 0"):
+        assert part in msg, (part, msg)
+    assert isinstance(err.value, ValueError)
+
+
+def test_require_fit_refuses_when_the_weights_alone_do_not_fit():
+    with pytest.raises(DoesNotFitError, match=r"T4 16GB has 0\.00 GiB left after 755\.96 GiB"):
+        require_fit(PRESETS["llama-3.1-405b"], "T4 16GB", 128)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seq_len": -1}, "seq_len=-1 must be an integer >= 0"),
+    ({"seq_len": 2.5}, "seq_len=2.5 must be an integer >= 0"),
+    ({"seq_len": 10, "batch_size": 0}, "batch_size=0 must be an integer >= 1"),
+    ({"seq_len": 10, "batch_size": True}, "batch_size=True must be an integer >= 1"),
+    ({"seq_len": 10, "dtype": "fp64"}, "dtype='fp64' is not supported; allowed: fp32, fp16, bf16, fp8"),
+])
+def test_bad_inputs_name_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        kv_cache_bytes(L7, **kwargs)
+
+
+def test_bad_plan_inputs():
+    with pytest.raises(ValueError, match=r"gpu='V100' is not in GPUS; allowed: T4 16GB, A100 40GB"):
+        plan(L7, "V100", 128)
+    with pytest.raises(ValueError, match=r"reserve_fraction=1\.0 must be in \[0, 1\)"):
+        plan(L7, "T4 16GB", 128, reserve_fraction=1.0)
+    with pytest.raises(ValueError, match="dtype='int3'"):
+        weight_bytes(L7, "int3")
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (512 * KiB, "512.00 KiB"),
+                                     (32 * MiB, "32.00 MiB"), (GiB, "1.00 GiB"),
+                                     (80 * GB, "74.51 GiB"), (512 * 1024**4, "512.00 TiB"),
+                                     (-2 * GiB, "-2.00 GiB")])
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+def test_format_bytes_refuses_non_numbers():
+    with pytest.raises(ValueError, match="n='1 GiB' must be a number of bytes"):
+        format_bytes("1 GiB")
+
+
+# The chapter 03 exercise: its checker agrees with kvlab.memory and names the usual slips.
+
+def test_cache_size_checker(capsys):
+    from kvlab import check
+
+    expected = kv_cache_bytes(PRESETS["qwen2.5-7b"], 32768, 8) / GiB
+    assert expected == 14
+    assert check.cache_size(14) and check.cache_size("14.0")
+    assert "✓" in capsys.readouterr().out
+    for wrong, hint in [(None, "answer with a number of GiB"), ("lots", "got 'lots'"),
+                        (7, "K alone"), (98, "use n_kv_heads, not n_heads"),
+                        (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
+                        (13, "PRESETS['qwen2.5-7b']")]:
+        assert check.cache_size(wrong) is False
+        assert hint in capsys.readouterr().out, wrong
+    assert check.cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8
