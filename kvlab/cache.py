@@ -32,6 +32,15 @@ class KVCache:
     def nbytes(self) -> int:
         raise NotImplementedError
 
+    def _reserve(self, layer: int, t: int) -> int:
+        """First free position of `layer` for t new ones (pre-allocated caches refuse to overflow)."""
+        self._check_layer(layer)
+        start = self.lengths[layer]
+        if start + t > self.max_seq_len:
+            raise ValueError(f"cache is full: {start} of {self.max_seq_len} positions used, "
+                             f"{t} more requested")
+        return start
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.config.n_layers:
             raise IndexError(f"layer={layer} out of range: the model has "
@@ -90,11 +99,7 @@ class StaticKVCache(KVCache):
         self.bytes_copied = 0
 
     def update(self, layer, k, v):
-        self._check_layer(layer)
-        start, t = self.lengths[layer], k.shape[2]
-        if start + t > self.max_seq_len:
-            raise ValueError(f"cache is full: {start} of {self.max_seq_len} positions used, "
-                             f"{t} more requested")
+        start, t = self._reserve(layer, k.shape[2]), k.shape[2]
         self.k[layer, :, :, start:start + t] = k
         self.v[layer, :, :, start:start + t] = v
         self.lengths[layer] = start + t
@@ -179,11 +184,7 @@ class QuantizedKVCache(KVCache):
         self.bytes_copied = 0
 
     def update(self, layer, k, v):
-        self._check_layer(layer)
-        start, t = self.lengths[layer], k.shape[2]
-        if start + t > self.max_seq_len:
-            raise ValueError(f"cache is full: {start} of {self.max_seq_len} positions used, "
-                             f"{t} more requested")
+        start, t = self._reserve(layer, k.shape[2]), k.shape[2]
         out = []
         for side, x in (("k", k), ("v", v)):
             written, allocated = self.sides[side].append(layer, x)
