@@ -18,12 +18,21 @@ def on_colab() -> bool:
     return "COLAB_RELEASE_TAG" in os.environ or "google.colab" in sys.modules
 
 
+def fast_bf16(dev: torch.device | None = None) -> bool:
+    """Does this GPU compute bf16 natively (Ampere, compute capability 8.0, and newer)?
+
+    Not `torch.cuda.is_bf16_supported()`: that also says yes where bf16 is only emulated (a T4).
+    """
+    dev = dev or device()
+    return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 8
+
+
 def half_dtype(dev: torch.device | None = None) -> torch.dtype:
     """bf16 where the GPU does it fast, fp16 on older GPUs (Colab's T4), fp32 on the CPU."""
     dev = dev or device()
     if dev.type != "cuda":
         return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if fast_bf16(dev) else torch.float16
 
 
 def report() -> dict:
@@ -43,7 +52,7 @@ def report() -> dict:
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 1024**3, 1),
-                    bf16=torch.cuda.is_bf16_supported())
+                    bf16=fast_bf16(dev))
     return info
 
 

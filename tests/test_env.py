@@ -21,3 +21,12 @@ def test_colab_is_detected_from_its_environment(monkeypatch):
 
 def test_cpu_computes_in_float32():
     assert env.half_dtype(torch.device("cpu")) == torch.float32
+
+
+def test_bf16_counts_only_where_the_gpu_does_it_natively(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (7, 5))  # T4
+    assert not env.fast_bf16(cuda) and env.half_dtype(cuda) == torch.float16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))  # A100
+    assert env.fast_bf16(cuda) and env.half_dtype(cuda) == torch.bfloat16
+    assert not env.fast_bf16(torch.device("cpu"))
