@@ -6,9 +6,26 @@ Each checker computes the right answer with kvlab itself, so it never disagrees 
 from __future__ import annotations
 
 
-def _report(ok: bool, success: str, hint: str) -> bool:
+class Verdict:
+    """A checker's result: true or false for `assert`, and silent as a cell's last value (the
+    checker has already printed ✓ or its hint, so the notebook shows no stray `False`)."""
+
+    def __init__(self, ok: bool):
+        self.ok = bool(ok)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return f"Verdict({self.ok})"
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def _report(ok: bool, success: str, hint: str) -> Verdict:
     print(f"✓ {success}" if ok else f"✗ Not yet. Hint: {hint}")
-    return ok
+    return Verdict(ok)
 
 
 def _close(answer, expected, rel: float = 1e-6) -> bool:
@@ -36,7 +53,7 @@ def _letter(answer) -> str | None:
     return None
 
 
-def _choice(name: str, answer, success: str, hint: str) -> bool:
+def _choice(name: str, answer, success: str, hint: str) -> Verdict:
     letter = _letter(answer)
     if letter is None:
         return _report(False, "", f"answer with one letter as a string, e.g. answer = 'a' (got {answer!r}).")
@@ -56,7 +73,7 @@ def _number(answer) -> float | None:
 
 
 def _numeric(answer, expected: float, rel: float, success: str, hint: str,
-             unit_hint: str | None = None) -> bool:
+             unit_hint: str | None = None) -> Verdict:
     value = _number(answer)
     if value is None:
         return _report(False, "", f"answer with a number (got {answer!r}). {hint}")
@@ -72,7 +89,7 @@ def _preset(name: str):
     return PRESETS[name]
 
 
-def quiz_cache_not_weights(answer) -> bool:
+def quiz_cache_not_weights(answer) -> Verdict:
     """Misconception 1: the KV cache is made at inference time from the input, not stored in weights."""
     return _choice("quiz_cache_not_weights", answer,
                    "Right: the cache is built during inference from this request's tokens and thrown "
@@ -80,7 +97,7 @@ def quiz_cache_not_weights(answer) -> bool:
                    "which of these changes from one prompt to the next? The weights do not.")
 
 
-def quiz_k_and_v(answer) -> bool:
+def quiz_k_and_v(answer) -> Verdict:
     """Misconception 2: attention needs both K (for the scores) and V (for the weighted sum)."""
     return _choice("quiz_k_and_v", answer,
                    "Right: the scores need K, the output is a weighted sum of V; drop V from the cache "
@@ -88,7 +105,7 @@ def quiz_k_and_v(answer) -> bool:
                    "softmax(q·Kᵀ/√d) gives weights; what are they multiplied with?")
 
 
-def quiz_bigger_cache(answer) -> bool:
+def quiz_bigger_cache(answer) -> Verdict:
     """Misconception 3: a larger cache reservation is not free; it takes memory from everything else."""
     return _choice("quiz_bigger_cache", answer,
                    "Right: reserved cache memory is taken from the batch (and from activations); size "
@@ -96,7 +113,7 @@ def quiz_bigger_cache(answer) -> bool:
                    "memory on a GPU is fixed: what else needs the bytes a cache reserves?")
 
 
-def quiz_bytes_per_token(answer) -> bool:
+def quiz_bytes_per_token(answer) -> Verdict:
     """Llama-2-7B, FP16: KV-cache bytes per token, all layers (2 × L × H_kv × D × 2 bytes)."""
     from .memory import kv_bytes_per_token
 
@@ -105,7 +122,7 @@ def quiz_bytes_per_token(answer) -> bool:
                     "2 (K and V) × layers × KV heads × head_dim × bytes per element, in bytes.")
 
 
-def quiz_total_cache(answer) -> bool:
+def quiz_total_cache(answer) -> Verdict:
     """Llama-3-8B, 8,192 tokens, batch 4, FP16: the whole KV cache in GiB."""
     from .memory import GiB, kv_cache_bytes
 
@@ -115,20 +132,20 @@ def quiz_total_cache(answer) -> bool:
                     "that looks like bytes: the question asks for GiB (divide by 1024**3).")
 
 
-def quiz_rows_naive(answer) -> bool:
+def quiz_rows_naive(answer) -> Verdict:
     """K/V rows computed without a cache for N = 4,096 tokens: 1 + 2 + … + N = N(N+1)/2."""
     n = 4096
     return _numeric(answer, n * (n + 1) // 2, 1e-9, "Right: N(N+1)/2, quadratic in N.",
                     "step t recomputes K and V for all t tokens so far; add up 1 + 2 + … + N.")
 
 
-def quiz_rows_cached(answer) -> bool:
+def quiz_rows_cached(answer) -> Verdict:
     """K/V rows computed with a cache for N = 4,096 tokens: each token's K and V once."""
     return _numeric(answer, 4096, 1e-9, "Right: one row a token, linear in N.",
                     "with a cache, how many times is each token's K and V computed?")
 
 
-def quiz_gqa_ratio(answer) -> bool:
+def quiz_gqa_ratio(answer) -> Verdict:
     """Llama-2-70B: how many times smaller its GQA cache (8 KV heads) is than with MHA (64)."""
     from .memory import kv_bytes_per_token
 
@@ -139,7 +156,7 @@ def quiz_gqa_ratio(answer) -> bool:
                     "the cache is proportional to n_kv_heads; compare 64 with 8.")
 
 
-def quiz_int8_cache(answer) -> bool:
+def quiz_int8_cache(answer) -> Verdict:
     """Llama-3-8B at 32,768 tokens, batch 1: the INT8 KV cache in GiB (scales ignored)."""
     from .memory import GiB, kv_cache_bytes
 
@@ -154,7 +171,7 @@ PAGING_TOKENS = 1000     # tokens the request ends up holding
 PAGING_RESERVED = 4096   # what a pre-paging server reserves for it (the model's max length)
 
 
-def quiz_paging_blocks(answer) -> bool:
+def quiz_paging_blocks(answer) -> Verdict:
     """Blocks a 1,000-token sequence occupies with 16-token blocks: ceil(1000 / 16)."""
     blocks = -(-PAGING_TOKENS // PAGING_BLOCK)
     return _numeric(answer, blocks, 1e-9,
@@ -163,7 +180,7 @@ def quiz_paging_blocks(answer) -> bool:
                     "divide by the block size and round up: a partly filled block still counts.")
 
 
-def quiz_reserved_waste(answer) -> bool:
+def quiz_reserved_waste(answer) -> Verdict:
     """Fraction of a 4,096-token reservation left unused by a 1,000-token request (0..1)."""
     expected = 1 - PAGING_TOKENS / PAGING_RESERVED
     value = _number(answer)
@@ -174,7 +191,7 @@ def quiz_reserved_waste(answer) -> bool:
                     "unused slots ÷ reserved slots, a fraction between 0 and 1.")
 
 
-def plan_max_batch(answer) -> bool:
+def plan_max_batch(answer) -> Verdict:
     """Llama-3-8B on an A100 80GB, FP16, 10 % reserve: how many 8,192-token sequences fit."""
     from .memory import plan
 
@@ -184,7 +201,7 @@ def plan_max_batch(answer) -> bool:
                     "or read it from kvlab.memory.plan(...).max_batch.")
 
 
-def plan_70b_int8(answer) -> bool:
+def plan_70b_int8(answer) -> Verdict:
     """Llama-2-70B on an H200 with INT8 weights, FP16 cache, 10 % reserve: 4,096-token sequences."""
     from .memory import plan
 
@@ -201,7 +218,7 @@ CACHE_SIZE_EXERCISE = {"model": "qwen2.5-7b", "seq_len": 32768, "batch_size": 8,
 def cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
                seq_len: int = CACHE_SIZE_EXERCISE["seq_len"],
                batch_size: int = CACHE_SIZE_EXERCISE["batch_size"],
-               dtype: str = CACHE_SIZE_EXERCISE["dtype"]) -> bool:
+               dtype: str = CACHE_SIZE_EXERCISE["dtype"]) -> Verdict:
     """The KV cache of `model` for `batch_size` sequences of `seq_len` tokens, in GiB.
 
     Recognises the usual slips and says which: K without V, query heads instead of KV heads,
@@ -238,7 +255,7 @@ KV_BUDGET_EXERCISE = {"model": "llama-3-8b", "seq_len": 32768, "batch_size": 4, 
                       "budget_gib": 16}
 
 
-def kv_heads_for_budget(answer) -> bool:
+def kv_heads_for_budget(answer) -> Verdict:
     """The most KV heads (a divisor of the query heads) whose cache fits the budget.
 
     The exercise: a model of Llama-3-8B's shape (32 layers, 32 query heads, head_dim 128) serves
@@ -281,7 +298,7 @@ PAGED_FIT_EXERCISE = {"num_blocks": 4096, "block_size": 16, "n_tokens": 700, "ma
 
 
 def paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
-                 block_size: int = PAGED_BLOCKS_EXERCISE["block_size"]) -> bool:
+                 block_size: int = PAGED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
     """(blocks, wasted slots) of one sequence of n_tokens tokens in blocks of block_size."""
     from .paging import blocks_needed, wasted_slots
 
@@ -306,7 +323,7 @@ def paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
 def paged_sequences_fit(answer, num_blocks: int = PAGED_FIT_EXERCISE["num_blocks"],
                         block_size: int = PAGED_FIT_EXERCISE["block_size"],
                         n_tokens: int = PAGED_FIT_EXERCISE["n_tokens"],
-                        max_len: int = PAGED_FIT_EXERCISE["max_len"]) -> bool:
+                        max_len: int = PAGED_FIT_EXERCISE["max_len"]) -> Verdict:
     """How many sequences of n_tokens fit at once in a pool of num_blocks blocks with paging."""
     from .paging import blocks_needed
 
@@ -324,7 +341,7 @@ def paged_sequences_fit(answer, num_blocks: int = PAGED_FIT_EXERCISE["num_blocks
 
 # ---- Chapter 05: absmax int8, per channel -------------------------------------------------------
 
-def quantize_keys_per_channel(fn) -> bool:
+def quantize_keys_per_channel(fn) -> Verdict:
     """The learner's `fn(k) -> (codes, scale)`: absmax int8 of a (tokens, channels) tensor with one
     scale per channel. Compared with kvlab.quant.quantize(k, "channel") on keys with outliers."""
     import torch
@@ -397,7 +414,7 @@ def _kv_rows(prompt_len: int, new_tokens: int) -> tuple[int, int]:
 
 
 def kv_work(answer, prompt_len: int = KV_WORK_EXERCISE["prompt_len"],
-            new_tokens: int = KV_WORK_EXERCISE["new_tokens"]) -> bool:
+            new_tokens: int = KV_WORK_EXERCISE["new_tokens"]) -> Verdict:
     """Ch 01: K/V rows one layer computes to generate `new_tokens` tokens after a prompt of
     `prompt_len` tokens; answer = (naive_rows, cached_rows)."""
     p, n = prompt_len, new_tokens
@@ -428,7 +445,7 @@ def kv_work(answer, prompt_len: int = KV_WORK_EXERCISE["prompt_len"],
     return _report(False, "", hint)
 
 
-def decode_step(fn) -> bool:
+def decode_step(fn) -> Verdict:
     """Ch 02: `fn(q_new, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`, the decode step
     of one attention layer, compared with kvlab's cache and attention on random inputs.
 
@@ -490,7 +507,7 @@ def decode_step(fn) -> bool:
 ROOFLINE_EXERCISE = {"model": "llama-3-8b", "gpu": "T4 16GB", "dtype": "fp16"}
 
 
-def llama3_t4_roofline(answer) -> bool:
+def llama3_t4_roofline(answer) -> Verdict:
     """Upper bound on tokens/s for Llama-3-8B in fp16 at batch 1 (short context) on a T4."""
     from .bench import roofline
     from .config import PRESETS
@@ -512,7 +529,7 @@ def llama3_t4_roofline(answer) -> bool:
 
 # ---- Chapter 00: warm-up ----------------------------------------------------------------------
 
-def byte_tokens(answer, text: str = "KV cache 缓存") -> bool:
+def byte_tokens(answer, text: str = "KV cache 缓存") -> Verdict:
     """How many byte-level tokens (UTF-8 bytes) does `text` take?"""
     expected = len(text.encode("utf-8"))
     if answer is None:

@@ -250,6 +250,6 @@ def test_cache_size_checker(capsys):
                         (7, "K alone"), (98, "use n_kv_heads, not n_heads"),
                         (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
                         (13, "PRESETS['qwen2.5-7b']")]:
-        assert check.cache_size(wrong) is False
+        assert bool(check.cache_size(wrong)) is False
         assert hint in capsys.readouterr().out, wrong
     assert check.cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8

@@ -23,21 +23,21 @@ CHECKERS = [*RIGHT, "plan_max_batch", "plan_70b_int8"]
 
 @pytest.mark.parametrize("name", list(RIGHT))
 def test_right_answer_passes(name, capsys):
-    assert getattr(check, name)(RIGHT[name]) is True
+    assert bool(getattr(check, name)(RIGHT[name])) is True
     assert capsys.readouterr().out.startswith("✓")
 
 
 @pytest.mark.parametrize("name", CHECKERS)
 @pytest.mark.parametrize("answer", [None, "", "e", [1, 2], object(), True])
 def test_unanswered_or_wrong_type_prints_hint_and_never_raises(name, answer, capsys):
-    assert getattr(check, name)(answer) is False
+    assert bool(getattr(check, name)(answer)) is False
     assert capsys.readouterr().out.startswith("✗ Not yet. Hint:")
 
 
 @pytest.mark.parametrize("name", CHECKERS)
 def test_wrong_answer_fails(name):
     wrong = "a" if name in check.QUIZ_CHOICES else 12345.678
-    assert getattr(check, name)(wrong) is False
+    assert bool(getattr(check, name)(wrong)) is False
 
 
 def test_letters_are_forgiving():
