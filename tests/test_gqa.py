@@ -209,7 +209,6 @@ def test_draw_gqa_refuses_programming_errors():
 
 
 def test_gqa_explorer_builds_and_keeps_kv_heads_divisors():
-    pytest.importorskip("ipywidgets")
     box = widgets.gqa_explorer()
     controls = {c.description: c for c in _walk(box) if getattr(c, "description", "")}
     assert {"model", "query heads", "KV heads", "layers", "head dim", "seq len"} <= set(controls)
@@ -226,7 +225,6 @@ def test_gqa_explorer_builds_and_keeps_kv_heads_divisors():
 
 
 def test_gqa_explorer_redraws_once_per_change(monkeypatch):
-    pytest.importorskip("ipywidgets")
     calls = []
     real = widgets.draw_gqa
 
