@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import memory
+from . import env, memory
 from .config import PRESETS, ModelConfig
 from .env import half_dtype
 from .fast import FastDecoder, fast_generate, make_step
@@ -123,7 +123,7 @@ def cpu_name() -> str:
 
 def machine(device: torch.device | str | None = None) -> dict:
     """What the numbers were measured on: device, CPU/GPU names, versions, threads, date."""
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else env.device()
     info = {
         "device": device.type,
         "cpu": cpu_name(),
@@ -141,14 +141,9 @@ def machine(device: torch.device | str | None = None) -> dict:
     except ImportError:
         pass
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 1024**3, 1),
-                    cuda=torch.version.cuda)
+        gpu = env.report()  # the same GPU facts chapter 00 shows
+        info.update(gpu=gpu["gpu"], gpu_memory_gib=gpu["gpu_memory_gib"], cuda=torch.version.cuda)
     return info
-
-
-def _default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def match_gpu(name: str, memory_bytes: int | None = None) -> memory.GPU | None:
@@ -174,7 +169,7 @@ def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 32 * memory
 def device_bandwidth(device: torch.device | str | None = None) -> tuple[float, str]:
     """(bytes/s, where the figure comes from): the data-sheet figure of a known GPU, otherwise
     a measured copy bandwidth."""
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else env.device()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         known = match_gpu(props.name, props.total_memory)
@@ -401,7 +396,7 @@ def compare_hf(config: ModelConfig = CPU_CONFIG, new_tokens: int = 64, prompt_le
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else env.device()
     dtype = dtype or half_dtype(device)
     hf, kv = hf_twin(config, 0, dtype, device)
     ids = _prompt(config, 1, prompt_len, device)
@@ -585,7 +580,7 @@ def write_index(out_dir: str | Path) -> Path:
 
 def run(args: argparse.Namespace) -> dict:
     """Run the sweeps args ask for; return {"machine", "model", "rows", "notes", "args"}."""
-    device = torch.device(args.device) if args.device else _default_device()
+    device = torch.device(args.device) if args.device else env.device()
     dtype = half_dtype(device)
     config = PRESETS[args.model] if args.model else (GPU_CONFIG if device.type == "cuda" else CPU_CONFIG)
     quick = args.quick

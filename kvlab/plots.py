@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .memory import GiB
+
 
 def new_figure(width: float = 7.0, height: float = 4.0):
     """A figure and axes in the course's house style."""
@@ -14,7 +16,6 @@ def new_figure(width: float = 7.0, height: float = 4.0):
 
 # --- Chapter 03: how big is the KV cache? ---------------------------------------------------
 
-_GIB = 1024**3
 WEIGHT_COLOR, CACHE_COLOR, GPU_COLOR = "#4C72B0", "#DD8452", "#C44E52"
 
 
@@ -27,8 +28,8 @@ def weights_vs_cache(cases, gpu_bytes: int | None = None, gpu_label: str = ""):
     import numpy as np
 
     labels = [c[0] for c in cases]
-    weights = np.array([c[1] for c in cases], dtype=float) / _GIB
-    caches = np.array([c[2] for c in cases], dtype=float) / _GIB
+    weights = np.array([c[1] for c in cases], dtype=float) / GiB
+    caches = np.array([c[2] for c in cases], dtype=float) / GiB
     fig, ax = new_figure(8.0, 4.2)
     x = np.arange(len(cases))
     w = 0.38
@@ -37,13 +38,13 @@ def weights_vs_cache(cases, gpu_bytes: int | None = None, gpu_label: str = ""):
         bars = ax.bar(x + offset, values, w, label=label, color=color)
         ax.bar_label(bars, [f"{v:.3g}" for v in values], fontsize=8, padding=2)
     if gpu_bytes:
-        ax.axhline(gpu_bytes / _GIB, color=GPU_COLOR, ls="--", lw=1.2,
-                   label=f"{gpu_label} = {gpu_bytes / _GIB:.1f} GiB".strip(" ="))
+        ax.axhline(gpu_bytes / GiB, color=GPU_COLOR, ls="--", lw=1.2,
+                   label=f"{gpu_label} = {gpu_bytes / GiB:.1f} GiB".strip(" ="))
     ax.set_xticks(x, labels, fontsize=9)
     ax.set_ylabel("memory (GiB)")
     ax.set_title("Model weights vs KV cache (batch 1)")
     ax.legend(loc="upper left", fontsize=9)
-    ax.set_ylim(0, max(weights.max(), caches.max(), (gpu_bytes or 0) / _GIB) * 1.15)
+    ax.set_ylim(0, max(weights.max(), caches.max(), (gpu_bytes or 0) / GiB) * 1.15)
     return fig
 
 
@@ -63,9 +64,9 @@ def memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: 
     from .memory import format_bytes
 
     s = np.asarray(seq_lens, dtype=float)
-    cache = np.asarray(cache_bytes, dtype=float) / _GIB
-    wt = weight_bytes / _GIB
-    cap = capacity_bytes / _GIB
+    cache = np.asarray(cache_bytes, dtype=float) / GiB
+    wt = weight_bytes / GiB
+    cap = capacity_bytes / GiB
     top = max(1.6 * cap, 1.15 * wt)
     fig, ax = new_figure(9.0, 4.2)
     ax.fill_between(s, 0, wt, color=WEIGHT_COLOR, alpha=0.85, lw=0, label=weight_label)
@@ -75,7 +76,7 @@ def memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: 
         ax.axvline(max_context, color=GPU_COLOR, ls=":", lw=1.2,
                    label=f"longest context\nthat fits: {max_context:,}")
     current = wt + float(np.interp(current_seq_len, s, cache))  # the cache is linear in tokens
-    text = format_bytes(current * _GIB)
+    text = format_bytes(current * GiB)
     if current <= top:
         ax.plot([current_seq_len], [current], "o", ms=9, mfc="white", mec="black", mew=2,
                 label=f"this setting:\n{current_seq_len:,} tokens, {text}", zorder=5, clip_on=False)
@@ -201,8 +202,8 @@ def kv_cache_bars(rows, title: str = ""):
     import numpy as np
 
     labels = [r[0] for r in rows]
-    actual = np.array([r[1] for r in rows], dtype=float) / _GIB
-    mha = np.array([r[2] for r in rows], dtype=float) / _GIB
+    actual = np.array([r[1] for r in rows], dtype=float) / GiB
+    mha = np.array([r[2] for r in rows], dtype=float) / GiB
     fig, ax = new_figure(8.5, 0.55 * len(rows) + 1.4)
     y = np.arange(len(rows))[::-1]
     ax.barh(y, mha, 0.7, color="#DDDDDD", edgecolor="#999999", hatch="//", label="same shape with MHA")
@@ -225,7 +226,7 @@ def kv_cache_bars(rows, title: str = ""):
 
 
 def _bytes_tick(n: float) -> str:
-    for unit, size in (("TiB", 1024**4), ("GiB", _GIB), ("MiB", 1024**2), ("KiB", 1024)):
+    for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
             return f"{n / size:.4g} {unit}"
     return f"{n:.4g} B"
@@ -273,7 +274,7 @@ def gqa_memory(seq_lens, curves: dict, seq_len: int, title: str = "", message: s
     labels = list(curves)
     at = np.array([curves[k][1] for k in labels], dtype=float)
     if labels:
-        unit, size = next(((u, z) for u, z in (("TiB", 1024**4), ("GiB", _GIB), ("MiB", 1024**2),
+        unit, size = next(((u, z) for u, z in (("TiB", 1024**4), ("GiB", GiB), ("MiB", 1024**2),
                                                ("KiB", 1024)) if at.max() >= z), ("B", 1))
         bars = bx.bar(range(len(labels)), at / size, color=[_attention_color(k) for k in labels])
         ratio = [f"{at[0] / a:.3g}× smaller" if a and a < at[0] else "" for a in at]
@@ -405,17 +406,16 @@ def concurrency_vs_memory(memory_bytes, per_sequence_bytes: dict, markers: dict 
 
     fig, ax = new_figure(7.5, 4.2)
     mem = np.asarray(memory_bytes, dtype=float)
-    gib = 1024**3
     for label, per_seq in per_sequence_bytes.items():
-        ax.plot(mem / gib, np.floor(mem / per_seq), label=label, lw=2)
+        ax.plot(mem / GiB, np.floor(mem / per_seq), label=label, lw=2)
     for name, budget in (markers or {}).items():
-        ax.axvline(budget / gib, color="gray", ls=":", lw=1)
-        ax.text(budget / gib, ax.get_ylim()[1] * 0.98, f"{name} ", rotation=90, va="top",
+        ax.axvline(budget / GiB, color="gray", ls=":", lw=1)
+        ax.text(budget / GiB, ax.get_ylim()[1] * 0.98, f"{name} ", rotation=90, va="top",
                 ha="right", fontsize=8, color="dimgray")
         for per_seq in per_sequence_bytes.values():
             n = budget // per_seq
-            ax.plot(budget / gib, n, "o", color="black", ms=3)
-            ax.annotate(f"{n:,.0f}", (budget / gib, n), xytext=(4, -10), textcoords="offset points",
+            ax.plot(budget / GiB, n, "o", color="black", ms=3)
+            ax.annotate(f"{n:,.0f}", (budget / GiB, n), xytext=(4, -10), textcoords="offset points",
                         fontsize=8)
     ax.set_xlabel("memory for the KV cache (GiB)")
     ax.set_ylabel("sequences decoded at once")
