@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[lab,test,ui]"
 	touch $@
 
+# Jupyter refuses to run as root unless told (containers, course machines): tell it only then.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/00_welcome.ipynb
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_welcome.ipynb
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check kvlab tests tools

@@ -63,3 +63,9 @@ def test_make_installs_the_cpu_torch_pin_not_a_cuda_build():
     makefile = (ROOT / "Makefile").read_text()
     assert "TORCH   ?= torch==2.13.0" in makefile
     assert re.search(r"pip install -q \$\(TORCH\)\n", makefile)
+
+
+def test_make_lab_opens_the_welcome_chapter_and_also_starts_as_root():
+    recipe = (ROOT / "Makefile").read_text().split("\nlab: ", 1)[1].split("\n\n", 1)[0]
+    assert "jupyter lab" in recipe and "notebooks/00_welcome.ipynb" in recipe
+    assert "$(if $(filter 0,$(shell id -u)),--allow-root)" in recipe  # Jupyter refuses root otherwise
