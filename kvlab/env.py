@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import sys
 
 import torch
@@ -35,6 +36,12 @@ def half_dtype(dev: torch.device | None = None) -> torch.dtype:
     return torch.bfloat16 if fast_bf16(dev) else torch.float16
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler `torch.compile` would use on the CPU ($CXX, g++, c++ or clang++), or None."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else []
+    return next(filter(None, map(shutil.which, names + ["g++", "c++", "clang++"])), None)
+
+
 def report() -> dict:
     """The facts a learner (or a bug report) needs; `print_report()` shows them."""
     dev = device()
@@ -48,6 +55,7 @@ def report() -> dict:
         "gpu_memory_gib": None,
         "bf16": None,
         "compute_dtype": str(half_dtype(dev)).replace("torch.", ""),
+        "cpp_compiler": os.path.basename(cpp_compiler() or "") or None,  # for torch.compile on a CPU
     }
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)

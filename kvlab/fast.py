@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import attention
-from .env import half_dtype
+from .env import cpp_compiler, half_dtype
 from .generate import _check_args, _pick, as_batch
 from .model import Transformer, apply_rope
 
@@ -171,7 +171,7 @@ class _GraphedStep:
 def make_step(dec: FastDecoder, mode: str = "eager"):
     """The decode function for `mode`: "eager" (plain PyTorch), "graph" (a CUDA graph, GPU only) or
     "compile" (`torch.compile`; mode "reduce-overhead", i.e. CUDA graphs, on a GPU; on the CPU it
-    needs a C++ compiler and takes a minute to build)."""
+    needs a C++ compiler, and the first call takes 10-30 s to build)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not known; allowed: {', '.join(MODES)}")
     if mode == "eager":
@@ -182,6 +182,9 @@ def make_step(dec: FastDecoder, mode: str = "eager"):
                              "Use mode='eager' (or 'compile') on the CPU")
         return _GraphedStep(dec)
     on_gpu = dec.k.device.type == "cuda"
+    if not on_gpu and cpp_compiler() is None:
+        raise RuntimeError("mode='compile' on the CPU needs a C++ compiler (g++ or clang++, or $CXX) "
+                           "and none was found; install one or use mode='eager'")
     if on_gpu and hasattr(torch._dynamo, "mark_static_address"):
         # The cache is updated in place: tell the compiler its address never changes, so CUDA
         # graphs may write to it directly (as transformers' StaticCache does).

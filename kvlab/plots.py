@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .memory import GiB
+from .memory import GiB, format_bytes
 
 
 def new_figure(width: float = 7.0, height: float = 4.0):
@@ -60,8 +60,6 @@ def memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: 
     `note` (e.g. "the weights alone do not fit") is written across the plot.
     """
     import numpy as np
-
-    from .memory import format_bytes
 
     s = np.asarray(seq_lens, dtype=float)
     cache = np.asarray(cache_bytes, dtype=float) / GiB
@@ -278,7 +276,8 @@ def gqa_memory(seq_lens, curves: dict, seq_len: int, title: str = "", message: s
                                                ("KiB", 1024)) if at.max() >= z), ("B", 1))
         bars = bx.bar(range(len(labels)), at / size, color=[_attention_color(k) for k in labels])
         ratio = [f"{at[0] / a:.3g}× smaller" if a and a < at[0] else "" for a in at]
-        bx.bar_label(bars, [f"{v:,.3g} {unit}\n{r}".strip() for v, r in zip(at / size, ratio, strict=True)],
+        # Each bar in its own unit, as the readout prints it (the axis shares the largest's unit).
+        bx.bar_label(bars, [f"{format_bytes(a)}\n{r}".strip() for a, r in zip(at, ratio, strict=True)],
                      fontsize=8, padding=2)
         bx.set_xticks(range(len(labels)), [k.replace(" (", "\n(") for k in labels], fontsize=8)
         bx.set_ylim(0, at.max() / size * 1.25 or 1)

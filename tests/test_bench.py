@@ -91,9 +91,31 @@ def test_sweeps_and_files(tmp_path):
 def test_compare_hf_checks_tokens(tmp_path):
     pytest.importorskip("transformers")
     rows = bench.compare_hf(TINY, new_tokens=6, prompt_len=4, repeats=1, device="cpu")
-    assert len(rows) == 4 and all(r["tokens_identical"] for r in rows)
+    assert len(rows) == 4 and all(r["tokens_identical"] and r["tokens_agree"] == 1.0 for r in rows)
+    assert {r["dtype"] for r in rows} == {"fp32"}
     hf_static = [r for r in rows if r["method"] == "transformers generate (static cache)"][0]
     assert hf_static["speedup_vs_hf_static"] == pytest.approx(1.0)
+    assert {r["method"] for r in rows} >= {"kvlab generate (static cache)", "kvlab fast eager"}
+    with pytest.raises(ValueError, match="mode='graph' needs a CUDA device"):
+        bench.compare_hf(TINY, new_tokens=2, prompt_len=2, repeats=1, device="cpu", fast_modes=["graph"])
+
+
+def test_fast_modes_follow_the_device():
+    assert bench.fast_modes(torch.device("cpu")) == ["eager"]
+    assert bench.fast_modes(torch.device("cpu"), with_compile=True) == ["eager", "compile"]
+    assert bench.fast_modes(torch.device("cuda")) == ["eager", "graph"]
+
+
+def test_gpu_targets_are_judged_from_the_rows():
+    def row(method, static, sweep="compare_hf"):
+        return {"sweep": sweep, "method": method, "speedup_vs_hf_dynamic": static,
+                "speedup_vs_hf_static": static}
+    roof = {"sweep": "roofline", "method": "graph", "batch": 1, "fraction_of_bandwidth": 0.55}
+    result = {"machine": {"device": "cuda", "gpu": "NVIDIA H200"},
+              "rows": [row("kvlab fast eager", 0.7), row("kvlab fast graph", 1.3), roof]}
+    lines = bench.summary_markdown(result)
+    assert "best kvlab fast graph at 1.30× — met" in lines
+    assert "graph reached 55% — NOT met" in lines
 
 
 def test_command_line_quick_run(tmp_path):

@@ -30,3 +30,15 @@ def test_bf16_counts_only_where_the_gpu_does_it_natively(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))  # A100
     assert env.fast_bf16(cuda) and env.half_dtype(cuda) == torch.bfloat16
     assert not env.fast_bf16(torch.device("cpu"))
+
+
+def test_cpp_compiler_is_found_on_the_path_or_in_cxx(monkeypatch, tmp_path):
+    fake = tmp_path / "my-c++"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert env.cpp_compiler() is None          # my-c++ is none of the usual names
+    monkeypatch.setenv("CXX", "my-c++")
+    assert env.cpp_compiler() == str(fake)
+    assert env.report()["cpp_compiler"] == "my-c++"   # the name: no machine's paths in notebooks

@@ -1,9 +1,12 @@
 """The fixed-shape fast decoder (kvlab.fast) gives the eager cached decoder's tokens exactly."""
 
+import os
+
 import pytest
 import torch
 
 from kvlab import PRESETS
+from kvlab.env import cpp_compiler
 from kvlab.fast import FastDecoder, fast_generate, make_step, pick_dtype
 from kvlab.generate import generate
 from kvlab.memory import kv_cache_bytes
@@ -77,12 +80,17 @@ def test_cache_bytes_match_the_formula_and_shape_is_fixed():
     assert dec.nbytes == kv_cache_bytes(cfg, 50, 3, "fp32")
 
 
-def test_bad_input_is_refused_clearly():
+def test_bad_input_is_refused_clearly(monkeypatch):
     model = model_for(CONFIGS["mha"])
     with pytest.raises(ValueError, match="mode='turbo' is not known; allowed: eager, graph, compile"):
         make_step(FastDecoder(model, 1, 8), "turbo")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         make_step(FastDecoder(model, 1, 8), "graph")
+    with monkeypatch.context() as patch:  # a machine without a C++ compiler
+        patch.setenv("PATH", "")
+        patch.delenv("CXX", raising=False)
+        with pytest.raises(RuntimeError, match="mode='compile' on the CPU needs a C\\+\\+ compiler"):
+            make_step(FastDecoder(model, 1, 8), "compile")
     with pytest.raises(ValueError, match="max_seq_len=600 exceeds the model's max_seq_len=512"):
         FastDecoder(model, 1, 600)
     with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
@@ -95,6 +103,38 @@ def test_bad_input_is_refused_clearly():
 
 def test_dtype_choice_is_fp32_on_the_cpu():
     assert pick_dtype("cpu") == torch.float32
+
+
+def need_cpp_compiler():
+    """torch.compile on the CPU builds C++: skip without a compiler, except in CI (CI=true), where
+    .ci/run installs one and its absence is a failure."""
+    if cpp_compiler():
+        return
+    reason = "torch.compile on the CPU needs a C++ compiler (g++ or clang++)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"in CI (CI=true) this is a failure: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def test_compiled_step_is_one_graph_reused_at_every_position():
+    need_cpp_compiler()
+    # What a CUDA graph needs, checked with torch.compile on the CPU: fullgraph=True raises on any
+    # graph break, and error_on_recompile raises if a new position or request needed a new graph.
+    model = model_for(CONFIGS["gqa"])
+    first, second = torch.randint(0, 256, (2, 2, 5))
+    torch._dynamo.reset()
+    dec = FastDecoder(model, 2, 5 + 12)
+    step = make_step(dec, "compile")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = [fast_generate(model, ids, 12, mode="compile", decoder=dec, step_fn=step)
+               for ids in (first, second)]
+        with torch.inference_mode():  # as inside fast_generate (other tensors would need a new graph)
+            ids, pos = first[:, :1].clone(), torch.tensor([3])
+            eager, compiled = dec.step(ids, pos), step(ids, pos)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    for ids, gen in zip((first, second), got, strict=True):
+        assert gen.mode == "compile"
+        assert torch.equal(gen.tokens, generate(model, ids, 12, cache="static").tokens)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -172,6 +172,15 @@ def test_draw_gqa_default_reads_320_and_40_gib():
     assert "64× smaller" in text  # MQA
 
 
+def test_draw_gqa_bars_say_what_the_readout_says():
+    # Llama-2-70B at 4,096 tokens: MHA 10 GiB, GQA-8 1.25 GiB, MQA 160 MiB (not "0.156 GiB").
+    fig, text = widgets.draw_gqa(seq_len=4096)
+    bar_labels = [t.get_text().split("\n")[0] for t in fig.axes[1].texts]
+    plt.close(fig)
+    assert bar_labels == ["10.00 GiB", "1.25 GiB", "160.00 MiB"]
+    assert all(label in text for label in bar_labels)
+
+
 @pytest.mark.parametrize("kw", [
     dict(model="custom", n_heads=1, layers=1000, head_dim=1024, seq_len=2**20),
     dict(model="custom", n_heads=256, n_kv_heads=256, layers=1, head_dim=2, seq_len=1),
