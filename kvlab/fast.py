@@ -28,7 +28,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attention
 from .env import cpp_compiler, half_dtype
 from .generate import _check_args, _pick, as_batch
 from .model import Transformer, apply_rope
@@ -89,22 +88,28 @@ class FastDecoder(nn.Module):
         """
         m = self.model
         b, t = ids.shape
-        n_q = m.config.n_heads
+        n_q, n_kv, d = m.config.n_heads, m.config.n_kv_heads, m.config.head_dim
+        n_rep = n_q // n_kv
         cos, sin = self.cos[input_pos], self.sin[input_pos]    # (T, 1, D)
-        mask = self.slots <= input_pos[:, None]                # (T, S_max): written and not later
+        # The n_rep query heads that share a K/V head are stacked along the query axis, so one plain
+        # attention call per K/V head serves them all, with no copies of K and V. (SDPA's own
+        # enable_gqa does the same sharing, but with a mask a GPU may fall back to its unfused
+        # kernels.) The mask (written and not later) is repeated to match.
+        mask = (self.slots <= input_pos[:, None]).repeat(n_rep, 1)  # (n_rep·T, S_max)
         x = m.embed(ids)
         for i, block in enumerate(m.layers):
             a = block.attn
-            qkv = a.qkv(_rms_norm(block.attn_norm, x)).view(b, t, -1, a.head_dim)  # (B, T, H+2H_kv, D)
-            qk = apply_rope(qkv[:, :, :n_q + a.n_kv_heads], cos, sin)              # rotate Q and K at once
-            q = qk[:, :, :n_q].transpose(1, 2)                                     # (B, H, T, D)
-            k = qk[:, :, n_q:].transpose(1, 2)                                     # (B, H_kv, T, D)
-            v = qkv[:, :, n_q + a.n_kv_heads:].transpose(1, 2)
+            qkv = a.qkv(_rms_norm(block.attn_norm, x)).view(b, t, -1, d)   # (B, T, H+2H_kv, D)
+            qk = apply_rope(qkv[:, :, :n_q + n_kv], cos, sin)               # rotate Q and K at once
+            q = qk[:, :, :n_q].view(b, t, n_kv, n_rep, d).permute(0, 2, 3, 1, 4).reshape(b, n_kv, -1, d)
+            k = qk[:, :, n_q:].transpose(1, 2)                              # (B, H_kv, T, D)
+            v = qkv[:, :, n_q + n_kv:].transpose(1, 2)
             k_all, v_all = self.k[i], self.v[i]                # views (B, H_kv, S_max, D)
             k_all.index_copy_(2, input_pos, k)                 # in place: fixed address, fixed shape
             v_all.index_copy_(2, input_pos, v)
-            y = _attention(q, k_all, v_all, mask)
-            x = x + a.out(y.transpose(1, 2).reshape(b, t, -1))
+            y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # (B, H_kv, n_rep·T, D)
+            y = y.view(b, n_kv, n_rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # heads back in order
+            x = x + a.out(y)
             gate, up = block.ffn.gate_up(_rms_norm(block.ffn_norm, x)).chunk(2, dim=-1)
             x = x + block.ffn.down(F.silu(gate) * up)
         return m.lm_head(_rms_norm(m.norm, x[:, -1]))
@@ -117,10 +122,8 @@ class FastDecoder(nn.Module):
         self.v.zero_()
 
 
-# torch >= 2.4 has a fused RMSNorm and >= 2.5 lets attention share K/V heads without copies; on
-# older versions the step falls back to the model's own modules and `repeat_kv`.
+# torch >= 2.4 has a fused RMSNorm; on older versions the step uses the model's own module.
 _FUSED_RMS_NORM = hasattr(F, "rms_norm")
-_SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
@@ -130,12 +133,6 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float32:  # one operation: normalise and scale
         return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
     return norm.weight * F.rms_norm(x.float(), norm.weight.shape, eps=norm.eps).to(x.dtype)
-
-
-def _attention(q, k, v, mask):
-    if not _SDPA_GQA:
-        return attention(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class _GraphedStep:

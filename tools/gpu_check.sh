@@ -13,6 +13,11 @@
 #
 # BENCH_ARGS adds bench options (e.g. "--compile"); CHECK_ON_CPU=1 runs the same steps on a CPU,
 # small, to try the script itself. A few minutes on an H100-class GPU.
+#
+# On a lent device machine (one command, nothing to carry; 8 files come back, the limit):
+#     set -o pipefail; bash tools/gpu_check.sh "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+# then copy the new gpu-* files from OUT/benchmarks into benchmarks/ (README.md too), re-execute
+# chapter 06 (`make notebook NB=notebooks/06_gpu_decoder.ipynb`) and commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-.}"
