@@ -107,8 +107,8 @@ def test_fast_modes_follow_the_device():
 
 
 def test_gpu_targets_are_judged_from_the_rows():
-    def row(method, static, sweep="compare_hf"):
-        return {"sweep": sweep, "method": method, "speedup_vs_hf_dynamic": static,
+    def row(method, static):
+        return {"sweep": "compare_hf", "method": method, "speedup_vs_hf_dynamic": static,
                 "speedup_vs_hf_static": static}
     roof = {"sweep": "roofline", "method": "graph", "batch": 1, "fraction_of_bandwidth": 0.55}
     result = {"machine": {"device": "cuda", "gpu": "NVIDIA H200"},
