@@ -1,9 +1,8 @@
 """The fixed-shape fast decoder (kvlab.fast) gives the eager cached decoder's tokens exactly."""
 
-import os
-
 import pytest
 import torch
+from needs import require
 
 from kvlab import PRESETS
 from kvlab.env import cpp_compiler
@@ -105,19 +104,9 @@ def test_dtype_choice_is_fp32_on_the_cpu():
     assert pick_dtype("cpu") == torch.float32
 
 
-def need_cpp_compiler():
-    """torch.compile on the CPU builds C++: skip without a compiler, except in CI (CI=true), where
-    .ci/run installs one and its absence is a failure."""
-    if cpp_compiler():
-        return
-    reason = "torch.compile on the CPU needs a C++ compiler (g++ or clang++)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"in CI (CI=true) this is a failure: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 def test_compiled_step_is_one_graph_reused_at_every_position():
-    need_cpp_compiler()
+    require(None if cpp_compiler() else "no C++ compiler (g++ or clang++) for torch.compile on the CPU",
+            "the torch.compile test")
     # What a CUDA graph needs, checked with torch.compile on the CPU: fullgraph=True raises on any
     # graph break, and error_on_recompile raises if a new position or request needed a new graph.
     model = model_for(CONFIGS["gqa"])

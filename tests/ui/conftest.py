@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from needs import require
 from uihelpers import NOTEBOOKS, REPO
 
 CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
@@ -49,13 +50,7 @@ def browser_missing() -> str | None:
 
 def require_browser() -> None:
     """Skip (or, in CI, fail) when chromium or playwright is missing."""
-    reason = browser_missing()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"browser tests cannot run, and in CI (CI=true) that is a failure: {reason}",
-                    pytrace=False)
-    pytest.skip(f"browser tests skipped: {reason}")
+    require(browser_missing(), "browser tests")
 
 
 def _free_port() -> int:
