@@ -14,7 +14,8 @@ from .quant import GRANULARITIES, check_bits, pack_int4, quantize, unpack_int4
 
 
 class KVCache:
-    """The interface. Subclasses implement `update`, `seq_len` and `nbytes`."""
+    """The interface. Subclasses implement `update` and `nbytes`; caches that pre-allocate keep
+    `lengths` (positions filled, per layer), which `seq_len` and `_reserve` read."""
 
     config: ModelConfig
     bytes_copied: int = 0  # bytes written into cache storage so far (copies included)
@@ -26,7 +27,7 @@ class KVCache:
 
     @property
     def seq_len(self) -> int:
-        raise NotImplementedError
+        return self.lengths[0]
 
     @property
     def nbytes(self) -> int:
@@ -105,10 +106,6 @@ class StaticKVCache(KVCache):
         self.lengths[layer] = start + t
         self.bytes_copied += k.nbytes + v.nbytes
         return self.k[layer, :, :, :start + t], self.v[layer, :, :, :start + t]
-
-    @property
-    def seq_len(self) -> int:
-        return self.lengths[0]
 
     @property
     def nbytes(self) -> int:
@@ -193,10 +190,6 @@ class QuantizedKVCache(KVCache):
             out.append(self.sides[side].read(layer))
         self.lengths[layer] = start + t
         return out[0], out[1]
-
-    @property
-    def seq_len(self) -> int:
-        return self.lengths[0]
 
     @property
     def nbytes(self) -> int:

@@ -165,10 +165,6 @@ class PagedKVCache(KVCache):
                 table.extend(self.allocator.allocate(need - len(table)))
 
     @property
-    def seq_len(self) -> int:
-        return self.lengths[0]
-
-    @property
     def nbytes(self) -> int:
         """Bytes of the block pool (K and V), whether blocks are in use or free."""
         return self.k.nbytes + self.v.nbytes
