@@ -406,11 +406,6 @@ def compare_hf(config: ModelConfig = CPU_CONFIG, new_tokens: int = 64, prompt_le
     ids = _prompt(config, 1, prompt_len, device)
     mask = torch.ones_like(ids)
     outputs: dict[str, torch.Tensor] = {}
-    fast_steps = {}
-    for mode in fast_modes:
-        dec = FastDecoder(kv, 1, prompt_len + new_tokens)
-        with torch.inference_mode():
-            fast_steps[mode] = dec, make_step(dec, mode)
 
     def keep(name, tokens):
         outputs[name] = tokens
@@ -428,7 +423,10 @@ def compare_hf(config: ModelConfig = CPU_CONFIG, new_tokens: int = 64, prompt_le
         "transformers generate (static cache)": lambda: keep("transformers generate (static cache)",
                                                              run_hf("static")),
     }
-    for mode, (dec, step) in fast_steps.items():
+    for mode in fast_modes:
+        dec = FastDecoder(kv, 1, prompt_len + new_tokens)
+        with torch.inference_mode():
+            step = make_step(dec, mode)
         fns[f"kvlab fast {mode}"] = lambda m=mode, d=dec, s=step: keep(
             f"kvlab fast {m}", fast_generate(kv, ids, new_tokens, mode=m, decoder=d, step_fn=s).tokens)
     times = time_interleaved(fns, repeats, 1, device, progress, "kvlab vs transformers", clock)
