@@ -7,38 +7,52 @@ TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.kvlab-installed
 NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 
-.PHONY: install lab test notebooks notebook bench student clean
+.PHONY: install lab test notebooks notebook bench bench-data student site clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[lab,test,ui]"
+	$(PY) -m pip install -q -e ".[lab,test,ui,site]"
 	touch $@
 
 # Jupyter refuses to run as root unless told (containers, course machines): tell it only then.
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_welcome.ipynb
 
+# Tests never download: the "On a real model" sections (and transformers) stay offline and say how to
+# enable them, exactly as in the stored outputs.
 test: $(STAMP)
 	$(VENV)/bin/ruff check kvlab tests tools
-	$(PY) -m pytest tests notebooks $(NBVAL)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest tests notebooks $(NBVAL)
 
 # Re-execute every notebook top to bottom in a fresh kernel and save its outputs.
 notebooks: $(STAMP)
-	$(PY) tools/run_notebooks.py notebooks/*.ipynb
+	HF_HUB_OFFLINE=1 $(PY) tools/run_notebooks.py notebooks/*.ipynb
 
 # One notebook: make notebook NB=notebooks/03_cache_memory.ipynb
 notebook: $(STAMP)
-	$(PY) tools/run_notebooks.py $(NB)
+	HF_HUB_OFFLINE=1 $(PY) tools/run_notebooks.py $(NB)
 
+# Results go to benchmarks/ and, for notebooks opened alone (Colab), into the package (kvlab.results).
 bench: $(STAMP)
 	$(PY) -m kvlab.bench
+	$(MAKE) bench-data
+
+# After copying a result into benchmarks/ by hand (a GPU run): ship the same files in the package.
+bench-data:
+	mkdir -p kvlab/data/benchmarks
+	rm -f kvlab/data/benchmarks/*.json
+	cp benchmarks/*.json kvlab/data/benchmarks/
 
 # Solution-free copies of every notebook (cells tagged `solution` removed, outputs cleared) in student/.
 student: $(STAMP)
 	$(PY) tools/student.py
 
+# The course website in _build/site/ (index.html), from the stored notebooks; nothing is executed.
+site: $(STAMP)
+	$(PY) tools/site.py --out _build/site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build _build *.egg-info .pytest_cache

@@ -4,9 +4,25 @@ Submodules hold one concept each (config, memory, attention, model, cache, gener
 import them as `kvlab.memory`, `kvlab.cache`, etc.
 """
 
-from . import attention, cache, config, env, generate, gqa, memory, model, paging, pretrained, quant
+from . import (
+    attention,
+    cache,
+    config,
+    env,
+    fragmentation,
+    generate,
+    gqa,
+    memory,
+    model,
+    paging,
+    pretrained,
+    quality,
+    quant,
+    validate,
+)
 from .config import PRESETS, ModelConfig
 
-__all__ = ["ModelConfig", "PRESETS", "attention", "cache", "config", "env", "generate", "gqa",
-           "memory", "model", "quant", "paging", "pretrained"]
+__all__ = ["ModelConfig", "PRESETS", "attention", "cache", "config", "env", "fragmentation",
+           "generate", "gqa", "memory", "model", "quant", "quality", "paging", "pretrained",
+           "validate"]
 __version__ = "0.1.0"

@@ -1,23 +1,38 @@
 """KV caches behind one small interface the model calls: `update(layer, k, v) -> (K, V)`.
 
 Every cache stores, for each layer, the keys and values of the tokens seen so far, shaped
-(B, H_kv, S, D) per layer, and reports `.seq_len` (positions filled) and `.nbytes` (bytes its
-storage holds). A new kind of cache never touches the model.
+(B, H_kv, S, D) per layer. The contract every kind keeps (`KVCache`):
+
+- `lengths`: positions filled, one count per layer; `seq_len` is layer 0's;
+- `nbytes`: bytes its storage holds;
+- `reset()` forgets every position, `set_length(n)` declares how many are filled;
+- `check_compatible(config, batch_size, dtype, device)` refuses, up front and naming both sides,
+  a cache built for another model or batch (the model calls it on every forward pass).
+
+A new kind of cache never touches the model. `CACHE_KINDS` names every kind `make_cache` builds.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from .config import ModelConfig
-from .quant import GRANULARITIES, check_bits, pack_int4, quantize, unpack_int4
+from . import validate
+from .config import ModelConfig, resolve
+from .quant import QuantizedTensorStore, check_scale_dtype, quantized_layout
 
 
 class KVCache:
-    """The interface. Subclasses implement `update` and `nbytes`; caches that pre-allocate keep
-    `lengths` (positions filled, per layer), which `seq_len` and `_reserve` read."""
+    """The interface. Subclasses implement `update` and `nbytes` and keep `lengths` up to date;
+    those that pre-allocate also set `max_seq_len`, `batch_size`, `dtype` and `device`."""
 
     config: ModelConfig
+    lengths: list[int]             # positions filled, per layer
+    max_seq_len: int | None = None
+    batch_size: int | None = None  # None: not known yet (a DynamicKVCache before its first update)
+    dtype: torch.dtype | None = None  # dtype of the K, V handed back to attention
+    device: torch.device | None = None
     bytes_copied: int = 0  # bytes written into cache storage so far (copies included)
     allocations: int = 0   # tensors allocated for cache storage so far
 
@@ -27,11 +42,40 @@ class KVCache:
 
     @property
     def seq_len(self) -> int:
+        """Positions the cache holds (of layer 0; the model fills every layer alike)."""
         return self.lengths[0]
 
     @property
     def nbytes(self) -> int:
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget every position, ready for a new request (pre-allocated storage stays allocated)."""
+        self.set_length(0)
+
+    def set_length(self, n: int) -> None:
+        """Declare that the first n positions of every layer are filled: whatever the storage holds
+        there is what attention reads (a benchmark can 'pretend' n tokens are cached this way)."""
+        n = validate.integer("n", n, low=0, high=self.max_seq_len)
+        self.lengths = [n] * self.config.n_layers
+
+    def check_compatible(self, config: ModelConfig, batch_size: int, dtype: torch.dtype,
+                         device) -> None:
+        """Refuse a cache built for another model shape, batch, dtype or device, naming both sides."""
+        mine = self.config
+        for field in ("n_layers", "n_kv_heads", "head_dim"):
+            if getattr(mine, field) != getattr(config, field):
+                raise ValueError(f"the cache was built for {field}={getattr(mine, field)}, the model "
+                                 f"has {field}={getattr(config, field)}; build it from model.config")
+        if self.batch_size is not None and self.batch_size != batch_size:
+            raise ValueError(f"the cache holds batch {self.batch_size}, the prompt has batch "
+                             f"{batch_size}; build a cache with batch_size={batch_size}")
+        if self.dtype is not None and self.dtype != dtype:
+            raise ValueError(f"the cache hands back {self.dtype} K/V, the model computes in {dtype}; "
+                             f"build the cache with dtype={dtype}")
+        if self.device is not None and self.device != device and not _same_device(self.device, device):
+            raise ValueError(f"the cache is on {self.device}, the model on {device}; build the "
+                             f"cache with device={str(device)!r}")
 
     def _reserve(self, layer: int, t: int) -> int:
         """First free position of `layer` for t new ones (pre-allocated caches refuse to overflow)."""
@@ -47,36 +91,59 @@ class KVCache:
             raise IndexError(f"layer={layer} out of range: the model has "
                              f"{self.config.n_layers} layers (0..{self.config.n_layers - 1})")
 
+    def _check_batch(self, k: torch.Tensor) -> None:
+        if self.batch_size is not None and k.shape[0] != self.batch_size:
+            raise ValueError(f"k has batch {k.shape[0]}; this cache was built for "
+                             f"batch_size={self.batch_size}")
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(layers={self.config.n_layers}, seq_len={self.seq_len}, "
                 f"nbytes={self.nbytes:,})")
 
 
-class DynamicKVCache(KVCache):
-    """Grows by concatenation: simple, but every step copies the whole cache into a new tensor."""
+def _same_device(a, b) -> bool:
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
-    def __init__(self, config: ModelConfig, batch_size: int | None = None,
-                 max_seq_len: int | None = None, dtype=None, device=None):
-        self.config = config
+
+class DynamicKVCache(KVCache):
+    """Grows by concatenation: simple, but every step copies the whole cache into a new tensor.
+    Its batch, dtype and device are those of the first K, V it receives."""
+
+    def __init__(self, config: ModelConfig | str):
+        self.config = config = resolve(config)
         self.keys: list[torch.Tensor | None] = [None] * config.n_layers
         self.values: list[torch.Tensor | None] = [None] * config.n_layers
+        self.lengths = [0] * config.n_layers
         self.bytes_copied = 0
         self.allocations = 0
 
     def update(self, layer, k, v):
         self._check_layer(layer)
+        self._check_batch(k)
         if self.keys[layer] is None:
             self.keys[layer], self.values[layer] = k, v
+            self.batch_size, self.dtype, self.device = k.shape[0], k.dtype, k.device
         else:
             self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
             self.values[layer] = torch.cat([self.values[layer], v], dim=2)
         self.allocations += 2
         self.bytes_copied += self.keys[layer].nbytes + self.values[layer].nbytes
+        self.lengths[layer] = self.keys[layer].shape[2]
         return self.keys[layer], self.values[layer]
 
-    @property
-    def seq_len(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+    def set_length(self, n: int) -> None:
+        """Keep the first n positions (a DynamicKVCache can only shrink); 0 empties it."""
+        n = validate.integer("n", n, low=0, high=min(self.lengths))
+        for layer in range(self.config.n_layers):
+            if n == 0:
+                self.keys[layer] = self.values[layer] = None
+            elif self.keys[layer] is not None:
+                self.keys[layer] = self.keys[layer][:, :, :n]
+                self.values[layer] = self.values[layer][:, :, :n]
+        self.lengths = [n] * self.config.n_layers
+        if n == 0:
+            self.batch_size = self.dtype = self.device = None
 
     @property
     def nbytes(self) -> int:
@@ -86,20 +153,21 @@ class DynamicKVCache(KVCache):
 class StaticKVCache(KVCache):
     """Pre-allocated K and V of shape (L, B, H_kv, S_max, D); each step writes in place."""
 
-    def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int,
+    def __init__(self, config: ModelConfig | str, batch_size: int, max_seq_len: int,
                  dtype=torch.float32, device="cpu"):
-        _check_size("batch_size", batch_size)
-        _check_size("max_seq_len", max_seq_len)
-        self.config = config
-        self.max_seq_len = max_seq_len
+        self.batch_size = validate.integer("batch_size", batch_size)
+        self.max_seq_len = validate.integer("max_seq_len", max_seq_len)
+        self.config = config = resolve(config)
         shape = (config.n_layers, batch_size, config.n_kv_heads, max_seq_len, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.lengths = [0] * config.n_layers  # positions filled, per layer
+        self.dtype, self.device = self.k.dtype, self.k.device
+        self.lengths = [0] * config.n_layers
         self.allocations = 2
         self.bytes_copied = 0
 
     def update(self, layer, k, v):
+        self._check_batch(k)
         start, t = self._reserve(layer, k.shape[2]), k.shape[2]
         self.k[layer, :, :, start:start + t] = k
         self.v[layer, :, :, start:start + t] = v
@@ -111,31 +179,19 @@ class StaticKVCache(KVCache):
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def reset(self) -> None:
-        """Forget every position (the storage stays allocated, ready for the next request)."""
-        self.lengths = [0] * self.config.n_layers
 
+# --- the quantized cache ---------------------------------------------------------------------
 
-def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-
-
-# The kinds `generate(..., cache=NAME)` can build; each takes
-# (config, batch_size, max_seq_len, dtype=..., device=...). Later chapters add theirs here.
-CACHE_KINDS: dict[str, type[KVCache]] = {
-    "dynamic": DynamicKVCache,
-    "static": StaticKVCache,
-}
-
-
-def make_cache(kind: str, config: ModelConfig, batch_size: int, max_seq_len: int,
-               dtype=torch.float32, device="cpu") -> KVCache:
-    """Build a cache by name: one of CACHE_KINDS."""
-    if kind not in CACHE_KINDS:
-        raise ValueError(f"cache={kind!r} is not a known cache kind; allowed: None, "
-                         + ", ".join(repr(k) for k in CACHE_KINDS) + ", or a KVCache object")
-    return CACHE_KINDS[kind](config, batch_size, max_seq_len, dtype=dtype, device=device)
+def quantized_cache_bytes(config, seq_len: int, batch_size: int = 1, bits: int = 8,
+                          key_granularity: str = "channel", value_granularity: str = "token",
+                          group_size: int = 32, residual: int = 0, scale_bytes: int = 2,
+                          window_bytes: int = 2) -> int:
+    """Bytes of a QuantizedKVCache holding seq_len positions: codes + scales + the full-precision
+    window (`window_bytes` per element: 2 for fp16), with the same layout as the cache."""
+    config, batch_size = resolve(config), validate.integer("batch_size", batch_size)
+    sides = (quantized_layout(config, seq_len, g, bits, group_size, residual)
+             for g in (key_granularity, value_granularity))
+    return config.n_layers * batch_size * sum(s.nbytes(scale_bytes, window_bytes) for s in sides)
 
 
 class QuantizedKVCache(KVCache):
@@ -149,47 +205,53 @@ class QuantizedKVCache(KVCache):
     so the newest, unfinished block of keys stays in full precision (`dtype`, at most
     group_size - 1 tokens) and is quantized when it fills. ("tensor" works the same way with one
     scale per block.) `residual` more of the most recent tokens of both K and V can be kept in
-    full precision too (KIVI keeps such a window). Every value read back is within scale / 2 of what
-    was stored, except those still in the full-precision window, which are exact.
+    full precision too (KIVI keeps such a window). Every value read back is within scale / 2 of
+    what was stored (scales rounded up to `scale_dtype`: see `kvlab.quant.quantize`), except those
+    still in the full-precision window, which are exact. K/V values above 65504 · qmax (8.3e6 for
+    int8) need `scale_dtype=torch.float32`: with fp16 scales they are refused (ValueError, and the
+    cache is left as it was).
 
     `.nbytes` counts the codes, the scales and the full-precision window at full capacity, all
     pre-allocated for max_seq_len like StaticKVCache (the window is a fixed cost, so the ratio to
-    an FP16 cache approaches 0.5 + scales as max_seq_len grows).
+    an FP16 cache approaches 0.5 + scales as max_seq_len grows). It can only be emptied
+    (`reset()`), not set to another length.
     """
 
-    def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int,
+    def __init__(self, config: ModelConfig | str, batch_size: int, max_seq_len: int,
                  dtype=torch.float32, device="cpu", *, bits: int = 8, key_granularity: str = "channel",
                  value_granularity: str = "token", group_size: int = 32, residual: int = 0,
                  scale_dtype: torch.dtype = torch.float16):
-        _check_size("batch_size", batch_size)
-        _check_size("max_seq_len", max_seq_len)
-        _check_size("group_size", group_size)
-        if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
-            raise ValueError(f"residual={residual!r} must be an integer >= 0")
-        width = config.n_kv_heads * config.head_dim
-        check_bits(bits)
-        if bits == 4 and width % 2:
-            raise ValueError(f"bits=4 packs two codes a byte: n_kv_heads × head_dim = {width} must be even")
+        self.batch_size = validate.integer("batch_size", batch_size)
+        check_scale_dtype(scale_dtype)
+        config = resolve(config)
+        layouts = [quantized_layout(config, max_seq_len, g, bits, group_size, residual)
+                   for g in (key_granularity, value_granularity)]
         self.config, self.max_seq_len, self.dtype, self.bits = config, max_seq_len, dtype, bits
         self.scale_dtype, self.residual, self.group_size = scale_dtype, residual, group_size
-        self.sides = {"k": _QuantizedSide(config, batch_size, max_seq_len, key_granularity, bits,
-                                          group_size, residual, dtype, scale_dtype, device),
-                      "v": _QuantizedSide(config, batch_size, max_seq_len, value_granularity, bits,
-                                          group_size, residual, dtype, scale_dtype, device)}
+        self.sides = {side: QuantizedTensorStore(layout, config.n_layers, batch_size, dtype,
+                                                 scale_dtype, device)
+                      for side, layout in zip("kv", layouts, strict=True)}
+        self.device = self.sides["k"].codes.device
         self.lengths = [0] * config.n_layers
         self.allocations = 4  # codes and scales for K and V
         self.bytes_copied = 0
 
     def update(self, layer, k, v):
+        self._check_batch(k)
         start, t = self._reserve(layer, k.shape[2]), k.shape[2]
-        out = []
-        for side, x in (("k", k), ("v", v)):
-            written, allocated = self.sides[side].append(layer, x)
-            self.bytes_copied += written
-            self.allocations += allocated
-            out.append(self.sides[side].read(layer))
+        # A refused value (too large for the scales) must not leave K stored without its V: keep
+        # each side's state (its window tensor is replaced on append, never changed in place).
+        saved = [(s, s.quantized[layer], s.window[layer]) for s in self.sides.values()]
+        try:
+            written = [self.sides[side].append(layer, x) for side, x in (("k", k), ("v", v))]
+        except ValueError:
+            for store, quantized, window in saved:
+                store.quantized[layer], store.window[layer] = quantized, window
+            raise
+        self.bytes_copied += sum(n for n, _ in written)
+        self.allocations += sum(a for _, a in written)
         self.lengths[layer] = start + t
-        return out[0], out[1]
+        return self.sides["k"].read(layer), self.sides["v"].read(layer)
 
     @property
     def nbytes(self) -> int:
@@ -202,95 +264,54 @@ class QuantizedKVCache(KVCache):
 
     @property
     def key_granularity(self) -> str:
-        return self.sides["k"].granularity
+        return self.sides["k"].layout.granularity
 
     @property
     def value_granularity(self) -> str:
-        return self.sides["v"].granularity
+        return self.sides["v"].layout.granularity
 
-    def reset(self) -> None:
-        """Forget every position (the storage stays allocated)."""
+    def set_length(self, n: int) -> None:
+        """Only 0 (empty the cache): quantized blocks cannot be cut or invented."""
+        if validate.integer("n", n, low=0) != 0:
+            raise ValueError(f"n={n!r}: a QuantizedKVCache can only be emptied (set_length(0) or "
+                             "reset()), not set to another length")
         self.lengths = [0] * self.config.n_layers
         for s in self.sides.values():
             s.reset()
 
 
-class _QuantizedSide:
-    """The K (or V) half of a QuantizedKVCache: codes, scales and the full-precision window."""
+# --- every kind, by name ---------------------------------------------------------------------
 
-    def __init__(self, config, batch, max_seq_len, granularity, bits, group_size, residual, dtype,
-                 scale_dtype, device):
-        if granularity not in GRANULARITIES:
-            raise ValueError(f"granularity={granularity!r} is not known; allowed: "
-                             + ", ".join(map(repr, GRANULARITIES)))
-        self.granularity, self.bits, self.residual, self.dtype = granularity, bits, residual, dtype
-        self.heads, self.head_dim = config.n_kv_heads, config.head_dim
-        width = self.heads * self.head_dim
-        # Tokens that share a scale: per-token scales need no waiting, the others wait for a block.
-        self.block = 1 if granularity == "token" else group_size
-        n_blocks = -(-max_seq_len // self.block)
-        code_width = width // 2 if bits == 4 else width
-        scale_width = width if granularity == "channel" else 1
-        self.codes = torch.zeros(config.n_layers, batch, max_seq_len, code_width, dtype=torch.int8,
-                                 device=device)
-        self.scales = torch.zeros(config.n_layers, batch, n_blocks, 1, scale_width, dtype=scale_dtype,
-                                  device=device)
-        self.window_capacity = min(residual + self.block - 1, max_seq_len)
-        self.window_bytes = (config.n_layers * batch * self.window_capacity * width
-                             * torch.empty((), dtype=dtype).element_size())
-        self.n_layers, self.batch, self.width, self.device = config.n_layers, batch, width, device
-        self.reset()
-
-    def reset(self) -> None:
-        self.quantized = [0] * self.n_layers  # tokens stored as codes, a multiple of self.block
-        self.window = [torch.zeros(self.batch, 0, self.width, dtype=self.dtype, device=self.device)
-                       for _ in range(self.n_layers)]
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes + self.scales.nbytes + self.window_bytes
-
-    def append(self, layer: int, x: torch.Tensor) -> tuple[int, int]:
-        """Add x (B, H, T, D); quantize every block that is complete and older than `residual`.
-        Returns (bytes written, tensors allocated)."""
-        rows = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.width).to(self.dtype)
-        window = torch.cat([self.window[layer], rows], dim=1)
-        ready = max(window.shape[1] - self.residual, 0) // self.block * self.block
-        written = 0
-        if ready:
-            codes, scales = self._quantize_blocks(window[:, :ready])
-            q0, b0 = self.quantized[layer], self.quantized[layer] // self.block
-            self.codes[layer, :, q0:q0 + ready] = codes
-            self.scales[layer, :, b0:b0 + ready // self.block] = scales
-            self.quantized[layer] = q0 + ready
-            written = codes.nbytes + scales.nbytes
-            window = window[:, ready:].clone()
-        self.window[layer] = window
-        return written + window.nbytes, 1
-
-    def _quantize_blocks(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, n·block, width) -> codes (B, n·block, code width), scales (B, n, 1, scale width)."""
-        b, t, w = x.shape
-        blocks = x.reshape(b, t // self.block, self.block, w)
-        if self.granularity == "tensor":  # one scale per block: a "token" of block·width values
-            q = quantize(blocks.reshape(b, t // self.block, 1, self.block * w), "token", self.bits,
-                         self.scales.dtype)
-        else:
-            q = quantize(blocks, self.granularity, self.bits, self.scales.dtype)
-        codes = q.data.reshape(b, t, w)
-        return (pack_int4(codes) if self.bits == 4 else codes), q.scale
-
-    def read(self, layer: int) -> torch.Tensor:
-        """Everything stored for `layer`, dequantized, as (B, H, S, D) in the cache's dtype."""
-        n = self.quantized[layer]
-        codes = self.codes[layer, :, :n]
-        if self.bits == 4:
-            codes = unpack_int4(codes)
-        b = codes.shape[0]
-        scales = self.scales[layer, :, :n // self.block].float()
-        values = (codes.float().reshape(b, n // self.block, self.block, self.width) * scales)
-        rows = torch.cat([values.reshape(b, n, self.width).to(self.dtype), self.window[layer]], dim=1)
-        return rows.reshape(b, rows.shape[1], self.heads, self.head_dim).transpose(1, 2)
+def _dynamic(config, batch_size, max_seq_len, dtype=None, device=None) -> DynamicKVCache:
+    return DynamicKVCache(config)  # grows to whatever batch, length, dtype and device it is fed
 
 
-CACHE_KINDS["int8"] = QuantizedKVCache
+def _paged(config, batch_size, max_seq_len, dtype=torch.float32, device="cpu") -> KVCache:
+    from .paging import PagedKVCache  # paging builds on this module: import it when asked for
+
+    return PagedKVCache(config, batch_size, max_seq_len, dtype=dtype, device=device)
+
+
+# The kinds `generate(..., cache=NAME)` can build: name -> a function
+# (config, batch_size, max_seq_len, dtype=..., device=...) -> an empty KVCache.
+CACHE_KINDS = {
+    "dynamic": _dynamic,
+    "static": StaticKVCache,
+    "int8": QuantizedKVCache,                     # int8 codes, KIVI-style scales
+    "int4": partial(QuantizedKVCache, bits=4),    # the same with int4 codes, two a byte
+    "paged": _paged,                              # kvlab.paging.PagedKVCache
+}
+
+
+def make_cache(kind: str, config: ModelConfig | str, batch_size: int, max_seq_len: int,
+               dtype=torch.float32, device="cpu") -> KVCache:
+    """Build an empty cache by name: one of CACHE_KINDS."""
+    if not isinstance(kind, str) or kind not in CACHE_KINDS:
+        raise ValueError(f"cache={kind!r} is not a known cache kind; allowed: None, "
+                         + ", ".join(repr(k) for k in CACHE_KINDS) + ", or a KVCache object")
+    return CACHE_KINDS[kind](config, batch_size, max_seq_len, dtype=dtype, device=device)
+
+
+# The bounded caches of chapter 09 live in kvlab.window (they subclass KVCache, so they are imported
+# after it); not in CACHE_KINDS: their third argument is a window, not a max_seq_len.
+from .window import SlidingWindowKVCache  # noqa: E402, F401

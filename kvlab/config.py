@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from . import validate
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -35,7 +37,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
                     "max_seq_len"):
-            _require_positive_int(key, getattr(self, key))
+            object.__setattr__(self, key, validate.integer(key, getattr(self, key)))
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ValueError(
@@ -43,7 +45,7 @@ class ModelConfig:
                     "pass head_dim explicitly"
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
-        _require_positive_int("head_dim", self.head_dim)
+        object.__setattr__(self, "head_dim", validate.integer("head_dim", self.head_dim))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}; "
@@ -53,14 +55,11 @@ class ModelConfig:
             raise ValueError(
                 f"head_dim={self.head_dim} is odd; RoPE rotates pairs of channels, so it must be even"
             )
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta={self.rope_theta} must be > 0")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
-        if self.n_params is not None:
-            _require_positive_int("n_params", self.n_params)
-        if self.kv_latent_dim is not None:
-            _require_positive_int("kv_latent_dim", self.kv_latent_dim)
+        validate.number("rope_theta", self.rope_theta, low=0, low_inclusive=False)
+        validate.number("norm_eps", self.norm_eps, low=0, low_inclusive=False)
+        for key in ("n_params", "kv_latent_dim"):
+            if getattr(self, key) is not None:
+                validate.integer(key, getattr(self, key))
 
     @property
     def n_rep(self) -> int:
@@ -78,11 +77,6 @@ class ModelConfig:
     def with_(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
-
-
-def _require_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
 
 
 def divisors(n: int) -> list[int]:
@@ -162,3 +156,13 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 PUBLISHED = [name for name, c in PRESETS.items() if c.source.startswith("http")]
+
+
+def resolve(config_or_name: ModelConfig | str) -> ModelConfig:
+    """A ModelConfig, given one or the name of a preset ("llama-2-7b", "tiny-mha", …)."""
+    if isinstance(config_or_name, ModelConfig):
+        return config_or_name
+    if isinstance(config_or_name, str):
+        return PRESETS[validate.choice("config", config_or_name.lower(), PRESETS)]
+    raise ValueError(f"config={config_or_name!r:.80} is not a ModelConfig; pass one, or the name of "
+                     f"a preset in kvlab.PRESETS (e.g. 'llama-2-7b')")

@@ -9,10 +9,42 @@ import sys
 
 import torch
 
+from .validate import integer
+
 
 def device() -> torch.device:
     """The GPU when there is one, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# The course's CPU thread policy, in one place. Its tensors are tiny (a decode step multiplies
+# matrices of a few kilobytes): splitting such work over threads costs more in hand-offs than it
+# gains, and on a shared two-core machine a helper thread that waits for a core stalls every
+# operation. One thread gives the fastest and steadiest timings there. A learner with many cores who
+# runs bigger sizes changes it once: `export KVLAB_THREADS=8` before starting Jupyter (every chapter),
+# or `kvlab.env.setup(threads=8)` in one chapter's set-up cell.
+DEFAULT_CPU_THREADS = 1
+THREADS_VARIABLE = "KVLAB_THREADS"
+
+
+def setup(threads: int | None = None) -> torch.device:
+    """A chapter's set-up call: set PyTorch's CPU threads and return the device to run on.
+
+    threads: intra-op CPU threads. None means ${KVLAB_THREADS} when it is set, else 1 on a machine
+    without a GPU; on a GPU machine (where the CPU only queues kernels) None leaves torch's default.
+    """
+    if threads is None and os.environ.get(THREADS_VARIABLE):
+        text = os.environ[THREADS_VARIABLE]
+        try:
+            threads = int(text)
+        except ValueError:
+            raise ValueError(f"{THREADS_VARIABLE}={text!r} must be a whole number of threads >= 1") from None
+    dev = device()
+    if threads is None and dev.type == "cpu":
+        threads = DEFAULT_CPU_THREADS
+    if threads is not None:
+        torch.set_num_threads(integer("threads", threads))
+    return dev
 
 
 def on_colab() -> bool:

@@ -1,8 +1,9 @@
 """A fast cached decoder: the gpt-fast technique on kvlab's model.
 
-The eager cached decoder (`kvlab.generate`) grows its view of the cache by one position a step, so
-every step has new tensor shapes, and Python decides a few things per step (slice bounds, masks).
-That is fine for teaching, but a GPU cannot replay such a step as one recorded graph.
+The model's own cached forward (`Transformer.forward` with a cache) grows its view of the cache by
+one position a step, so every step has new tensor shapes, and Python decides a few things per step
+(slice bounds, masks). That is fine for teaching, but a GPU cannot replay such a step as one
+recorded graph.
 
 `FastDecoder` keeps K and V in one pre-allocated buffer on the device, shaped (L, B, H_kv, S_max, D),
 and decodes with a small pure function over **fixed shapes**:
@@ -17,28 +18,27 @@ can be captured once as a CUDA graph (`mode="graph"`) or compiled with
 `torch.compile(mode="reduce-overhead")` (`mode="compile"`) and replayed: one launch instead of
 hundreds of small ones. `mode="eager"` (the default) runs the same function as plain PyTorch and
 works everywhere, the CPU included. The weights are the model's own modules: nothing is copied.
+`kvlab.generate.generate(..., cache="static")` decodes through the same step (over the
+StaticKVCache's buffers), and both drive it with the one loop of `kvlab.sampling.decode_loop`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .env import cpp_compiler, half_dtype
-from .generate import _check_args, _pick, as_batch
-from .model import Transformer, apply_rope
+from .cache import StaticKVCache
+from .env import cpp_compiler
+from .model import Transformer
+from .sampling import as_batch, check_generate_args, check_sampling, decode_loop, make_generator
+from .validate import choice, integer
 
 MODES = ("eager", "graph", "compile")
-
-
-def pick_dtype(device: torch.device | str | None = None) -> torch.dtype:
-    """The compute dtype the fast path uses: bf16 on GPUs that do it fast, fp16 on older GPUs
-    (Colab's T4), fp32 on the CPU. (The same rule as `kvlab.env.half_dtype`.)"""
-    return half_dtype(torch.device(device) if device is not None else None)
 
 
 class FastDecoder(nn.Module):
@@ -47,15 +47,17 @@ class FastDecoder(nn.Module):
     `step(ids, input_pos)` feeds ids (B, T) at positions input_pos (T,) and returns the logits of
     the last position (B, vocab). Prefill calls it with the whole prompt (T = prompt length),
     decoding with T = 1. The cache buffers are registered buffers of this module, so a CUDA graph
-    or `torch.compile` sees them as fixed addresses it may update in place.
+    or `torch.compile` sees them as fixed addresses it may update in place. `storage`: a
+    StaticKVCache whose buffers (their first max_seq_len positions) the decoder writes instead of
+    its own, as `kvlab.generate` does.
     """
 
-    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int):
+    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int, *,
+                 storage: StaticKVCache | None = None):
         super().__init__()
         cfg = model.config
-        for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+        batch_size = integer("batch_size", batch_size, 1)
+        max_seq_len = integer("max_seq_len", max_seq_len, 1)
         if max_seq_len > cfg.max_seq_len:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's "
                              f"max_seq_len={cfg.max_seq_len}")
@@ -63,16 +65,27 @@ class FastDecoder(nn.Module):
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
         param = next(model.parameters())
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=param.dtype, device=param.device),
-                             persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=param.dtype, device=param.device),
-                             persistent=False)
+        if storage is None:
+            k = torch.zeros(shape, dtype=param.dtype, device=param.device)
+            v = torch.zeros_like(k)
+        else:  # a StaticKVCache's buffers (kvlab.generate decodes through them): its first positions
+            k, v = _borrow(storage, shape, param)
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
         # Made once: positions 0..S_max-1 as a row (the mask of a step is `slots <= position`), and
-        # the RoPE tables in the compute dtype, shaped (S, 1, D) to broadcast over heads.
+        # the RoPE tables in the compute dtype, cos and sin stacked, (S, 2, 1, D), so one lookup a
+        # step serves both and they broadcast over heads. `apply_rope` rotates (x1, x2) to
+        # (x1·cos − x2·sin, x2·cos + x1·sin); the step gets (−x2, x1)·sin as (x2, x1)·(−sin, sin),
+        # one `roll` instead of two slices, a negation and a concatenation, with the same rounding.
+        half = cfg.head_dim // 2
+        cos, sin = (t[:max_seq_len, None].to(param.dtype) for t in (model.rope_cos, model.rope_sin))
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         self.register_buffer("slots", torch.arange(max_seq_len, device=param.device)[None, :],
                              persistent=False)
-        self.register_buffer("cos", model.rope_cos[:max_seq_len, None].to(param.dtype), persistent=False)
-        self.register_buffer("sin", model.rope_sin[:max_seq_len, None].to(param.dtype), persistent=False)
+        self.register_buffer("rope", torch.stack([cos, sin], dim=1), persistent=False)
+        # Each layer's weights looked up once: an nn.Module attribute lookup costs about as much as
+        # a small tensor operation, and a decode step would do dozens.
+        self.layer_weights = [_LayerWeights.of(block) for block in model.layers]
 
     @property
     def nbytes(self) -> int:
@@ -86,35 +99,48 @@ class FastDecoder(nn.Module):
         RMSNorm, RoPE on Q and K in one go, grouped-query attention without copying K and V), because
         at decode time the cost of a small model is the number of operations, not their size.
         """
-        m = self.model
+        m, cfg = self.model, self.model.config
         b, t = ids.shape
-        n_q, n_kv, d = m.config.n_heads, m.config.n_kv_heads, m.config.head_dim
+        n_q, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         n_rep = n_q // n_kv
-        cos, sin = self.cos[input_pos], self.sin[input_pos]    # (T, 1, D)
+        rope = self.rope[input_pos]                            # (T, 2, 1, D)
+        cos, sin = rope[:, 0], rope[:, 1]
         # The n_rep query heads that share a K/V head are stacked along the query axis, so one plain
         # attention call per K/V head serves them all, with no copies of K and V. (SDPA's own
         # enable_gqa does the same sharing, but with a mask a GPU may fall back to its unfused
-        # kernels.) The mask (written and not later) is repeated to match.
-        mask = (self.slots <= input_pos[:, None]).repeat(n_rep, 1)  # (n_rep·T, S_max)
-        x = m.embed(ids)
-        for i, block in enumerate(m.layers):
-            a = block.attn
-            qkv = a.qkv(_rms_norm(block.attn_norm, x)).view(b, t, -1, d)   # (B, T, H+2H_kv, D)
-            qk = apply_rope(qkv[:, :, :n_q + n_kv], cos, sin)               # rotate Q and K at once
-            q = qk[:, :, :n_q].view(b, t, n_kv, n_rep, d).permute(0, 2, 3, 1, 4).reshape(b, n_kv, -1, d)
-            k = qk[:, :, n_q:].transpose(1, 2)                              # (B, H_kv, T, D)
+        # kernels.) Why the row order is right: query head h uses K/V head h // n_rep (as
+        # `repeat_kv` lays them out), so viewing the H query heads as (n_kv, n_rep) puts each group
+        # under its K/V head; stacking (n_rep, T) makes row r·T + t hold query t of head r, and
+        # `.repeat(n_rep, 1)` tiles the (T, S_max) mask the same way, so row r·T + t gets query t's
+        # mask (written and not later). The output is unstacked by the inverse permutation.
+        # With T = 1 all of this is a free view, and the one mask row broadcasts over the n_rep rows.
+        mask = self.slots <= input_pos[:, None]                # (T, S_max)
+        if t > 1:
+            mask = mask.repeat(n_rep, 1)                       # (n_rep·T, S_max)
+        x = F.embedding(ids, m.embed.weight)
+        for i, w in enumerate(self.layer_weights):
+            qkv = F.linear(_rms_norm(x, w.attn_norm, w.eps), w.qkv, w.qkv_bias).view(b, t, -1, d)
+            qk = qkv[:, :, :n_q + n_kv]                        # rotate Q and K at once
+            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+            k = qk[:, :, n_q:].transpose(1, 2)                 # (B, H_kv, T, D)
             v = qkv[:, :, n_q + n_kv:].transpose(1, 2)
+            if t == 1:
+                q = qk[:, 0, :n_q].view(b, n_kv, n_rep, d)
+            else:
+                q = qk[:, :, :n_q].view(b, t, n_kv, n_rep, d).permute(0, 2, 3, 1, 4).reshape(b, n_kv, -1, d)
             k_all, v_all = self.k[i], self.v[i]                # views (B, H_kv, S_max, D)
             k_all.index_copy_(2, input_pos, k)                 # in place: fixed address, fixed shape
             v_all.index_copy_(2, input_pos, v)
             y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # (B, H_kv, n_rep·T, D)
-            y = y.view(b, n_kv, n_rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # heads back in order
-            x = x + a.out(y)
-            gate, up = block.ffn.gate_up(_rms_norm(block.ffn_norm, x)).chunk(2, dim=-1)
-            x = x + block.ffn.down(F.silu(gate) * up)
-        return m.lm_head(_rms_norm(m.norm, x[:, -1]))
-
-    forward = step
+            if t == 1:
+                y = y.reshape(b, 1, -1)
+            else:
+                y = y.view(b, n_kv, n_rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # heads in order
+            x = x + F.linear(y, w.out, w.out_bias)
+            gate, up = F.linear(_rms_norm(x, w.ffn_norm, w.eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+        head = m.lm_head
+        return F.linear(_rms_norm(x[:, -1], m.norm.weight, m.norm.eps), head.weight, head.bias)
 
     def reset(self) -> None:
         """Clear the cache (not needed for correctness: the mask hides old positions)."""
@@ -122,17 +148,41 @@ class FastDecoder(nn.Module):
         self.v.zero_()
 
 
-# torch >= 2.4 has a fused RMSNorm; on older versions the step uses the model's own module.
+class _LayerWeights(NamedTuple):
+    """The tensors one decoder block computes with (a bias is None when the model has none)."""
+
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    eps: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    out: torch.Tensor
+    out_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, block) -> _LayerWeights:
+        a, f = block.attn, block.ffn
+        return cls(block.attn_norm.weight, block.ffn_norm.weight, block.attn_norm.eps,
+                   a.qkv.weight, a.qkv.bias, a.out.weight, a.out.bias,
+                   f.gate_up.weight, f.gate_up.bias, f.down.weight, f.down.bias)
+
+
+# torch >= 2.4 has a fused RMSNorm; on older versions the step writes it out.
 _FUSED_RMS_NORM = hasattr(F, "rms_norm")
 
 
-def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm (computed in float32, scaled in x's dtype) as one fused operation."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm (computed in float32, scaled in x's dtype), fused where torch has it."""
     if not _FUSED_RMS_NORM:
-        return norm(x)
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     if x.dtype == torch.float32:  # one operation: normalise and scale
-        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
-    return norm.weight * F.rms_norm(x.float(), norm.weight.shape, eps=norm.eps).to(x.dtype)
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
 
 
 class _GraphedStep:
@@ -169,8 +219,7 @@ def make_step(dec: FastDecoder, mode: str = "eager"):
     """The decode function for `mode`: "eager" (plain PyTorch), "graph" (a CUDA graph, GPU only) or
     "compile" (`torch.compile`; mode "reduce-overhead", i.e. CUDA graphs, on a GPU; on the CPU it
     needs a C++ compiler, and the first call takes 10-30 s to build)."""
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not known; allowed: {', '.join(MODES)}")
+    choice("mode", mode, MODES)
     if mode == "eager":
         return dec.step
     if mode == "graph":
@@ -215,21 +264,23 @@ class FastGeneration:
 
 
 @torch.inference_mode()
-def fast_generate(model: Transformer, input_ids, max_new_tokens: int, compile: bool = False, *,
-                  mode: str | None = None, decoder: FastDecoder | None = None,
-                  step_fn=None, temperature: float = 0.0, top_k: int | None = None,
-                  seed: int | None = None) -> FastGeneration:
+def fast_generate(model: Transformer, input_ids, max_new_tokens: int, *, mode: str = "eager",
+                  decoder: FastDecoder | None = None, step_fn=None, temperature: float = 0.0,
+                  top_k: int | None = None, seed: int | None = None,
+                  eos_token_id: int | None = None) -> FastGeneration:
     """Generate max_new_tokens after input_ids with the fixed-shape decoder.
 
     Greedy (temperature 0) gives exactly the tokens of `kvlab.generate.generate(..., cache="static")`
-    in fp32. `compile=True` is short for mode="compile"; mode "graph" records a CUDA graph.
-    Pass `decoder` and `step_fn` (from `FastDecoder` and `make_step`) to reuse a captured or compiled
-    step across calls, as a server (or a benchmark) does; their batch size must match.
+    in fp32 (both run `kvlab.sampling.decode_loop` over `FastDecoder.step`). mode "graph" records a
+    CUDA graph, "compile" uses torch.compile (see `make_step`). Pass `decoder` and `step_fn` (from
+    `FastDecoder` and `make_step`) to reuse a captured or compiled step across calls, as a server
+    (or a benchmark) does; their batch size must match. A decoder needs no reset between calls.
     """
-    mode = mode or ("compile" if compile else "eager")
+    choice("mode", mode, MODES)
     device = next(model.parameters()).device
     ids = as_batch(input_ids, device)
-    _check_args(max_new_tokens, temperature, top_k, ids, model.config)
+    max_new_tokens = check_generate_args(model.config, ids, max_new_tokens, eos_token_id)
+    temperature, top_k, seed = check_sampling(temperature, top_k, seed)
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
     if decoder is None:
@@ -238,28 +289,42 @@ def fast_generate(model: Transformer, input_ids, max_new_tokens: int, compile: b
         raise ValueError(f"decoder holds batch {decoder.batch_size} x {decoder.max_seq_len} positions; "
                          f"this call needs batch {batch} x {total}")
     step_fn = step_fn or make_step(decoder, mode)
-    sampler = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-    out = torch.empty(batch, total, dtype=torch.long, device=device)
-    out[:, :prompt_len] = ids
+    times = []
+
+    def forward(feed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # The prefill (T = prompt length) runs eagerly: a graph or compiled step is for T = 1.
+        return (step_fn if feed.shape[1] == 1 else decoder.step)(feed, positions)
+
+    def after_prefill(step: int, _ids: torch.Tensor) -> None:
+        if step == 0:
+            _sync(device)
+            times.append(time.perf_counter())
 
     _sync(device)
     t0 = time.perf_counter()
-    logits = decoder.step(ids, torch.arange(prompt_len, device=device))  # prefill: eager, T varies
-    nxt = _pick(logits, temperature, top_k, sampler)
-    out[:, prompt_len] = nxt
-    _sync(device)
-    t1 = time.perf_counter()
-    pos = torch.tensor([prompt_len], device=device)
-    for i in range(prompt_len + 1, total):  # no CPU-GPU sync inside: the GPU queue stays full
-        logits = step_fn(nxt[:, None], pos)
-        nxt = _pick(logits, temperature, top_k, sampler)
-        out[:, i] = nxt
-        pos += 1
+    tokens = decode_loop(forward, ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                         generator=make_generator(seed, device), eos_token_id=eos_token_id,
+                         on_token=after_prefill)
     _sync(device)
     t2 = time.perf_counter()
-    return FastGeneration(out, prompt_len, t1 - t0, t2 - t1, mode)
+    return FastGeneration(tokens, prompt_len, times[0] - t0, t2 - times[0], mode)
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _borrow(storage: StaticKVCache, shape: tuple[int, ...],
+            param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the first shape[3] positions of a StaticKVCache's K and V buffers, after checking
+    that they fit the model (layers, batch, KV heads, head size, dtype, device)."""
+    have = tuple(storage.k.shape)
+    if have[:3] + have[4:] != shape[:3] + shape[4:] or have[3] < shape[3]:
+        raise ValueError(f"the cache's buffers have shape {have} (layers, batch, KV heads, positions, "
+                         f"head size); this model and prompt need {shape}")
+    if storage.k.dtype != param.dtype or storage.k.device != param.device:
+        raise ValueError(f"the cache holds {storage.k.dtype} on {storage.k.device}; the model is "
+                         f"{param.dtype} on {param.device}")
+    n = shape[3]
+    return storage.k[:, :, :, :n], storage.v[:, :, :, :n]

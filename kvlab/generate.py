@@ -3,6 +3,8 @@
 Naive: step t feeds the whole sequence so far through the model, so the K and V of every earlier
 token are computed again: 1 + 2 + … + N rows for N steps. Cached: the prompt is prefilled once
 (all its tokens in parallel), then each step feeds one new token and reads the rest from the cache.
+The loop itself (feed, choose, feed back) is `kvlab.sampling.decode_loop`, shared with `kvlab.fast`;
+this module adds the choice of forward pass and the per-step statistics a chapter plots.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .cache import KVCache, make_cache
+from .cache import CACHE_KINDS, KVCache, StaticKVCache, make_cache
+from .fast import FastDecoder
+from .sampling import as_batch, check_generate_args, check_sampling, decode_loop, make_generator
 
 
 @dataclass
 class Step:
-    """What one forward pass cost: tokens fed, K/V rows computed (per layer, per sequence),
+    """What one forward pass cost: tokens fed, K/V rows (per layer, per sequence: the tokens fed, by
+    construction — chapter 01 counts them with hooks on the projections),
     wall time and, when counted, FLOPs."""
 
     fed_tokens: int
@@ -55,106 +60,126 @@ class Generation:
         return self.new_tokens.numel() / self.seconds if self.seconds else float("nan")
 
 
-def as_batch(input_ids, device=None) -> torch.Tensor:
-    """Accept a list of ids, a 1-D or a (B, T) tensor; return a (B, T) long tensor."""
-    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty list or a (batch, tokens) tensor; "
-                         f"got shape {tuple(ids.shape)}")
-    return ids
-
-
 @torch.inference_mode()
 def generate(model, input_ids, max_new_tokens: int, cache: str | KVCache | None = "static", *,
              temperature: float = 0.0, top_k: int | None = None, seed: int | None = None,
              eos_token_id: int | None = None, attention_mask=None, count_flops: bool = False,
              on_token: Callable[[int, torch.Tensor], None] | None = None) -> Generation:
-    """Generate up to max_new_tokens after input_ids.
+    """Generate up to max_new_tokens after input_ids (a list of ids or a left-padded (B, T) batch).
 
     cache: None (naive: no cache, recompute everything each step), a kind name from
-    `kvlab.cache.CACHE_KINDS` ("dynamic", "static", …) or a KVCache object to fill.
-    temperature 0 is greedy; otherwise sample (optionally from the top_k logits) with `seed`.
+    `kvlab.cache.CACHE_KINDS` ("dynamic", "static", …) or an empty KVCache object to fill.
+    temperature 0 is greedy; otherwise sample (optionally from the top_k logits) with `seed`
+    (a temperature must be 0 or >= `kvlab.sampling.MIN_TEMPERATURE`).
     Generation stops early once every sequence has produced eos_token_id (later positions are
     filled with it). on_token(step, new_ids) is called after each step, e.g. to print text.
+    attention_mask (B, T): 1 for tokens, 0 for padding, which must be on the left.
+    Every forward pass is recorded as a `Step` (tokens fed, K/V rows, seconds; FLOPs with
+    count_flops=True, counted on the model's own forward). A static cache without a padding mask
+    decodes through the fixed-shape step of `kvlab.fast` (the same maths, fewer operations).
     """
     cfg = model.config
-    device = next(model.parameters()).device
-    ids = as_batch(input_ids, device)
-    _check_args(max_new_tokens, temperature, top_k, ids, cfg)
+    param = next(model.parameters())
+    ids = as_batch(input_ids, param.device)
+    max_new_tokens = check_generate_args(cfg, ids, max_new_tokens, eos_token_id)
+    temperature, top_k, seed = check_sampling(temperature, top_k, seed)
     batch, prompt_len = ids.shape
+    total = prompt_len + max_new_tokens
+    mask = _full_mask(attention_mask, ids, total)
     if isinstance(cache, str):
-        cache = make_cache(cache, cfg, batch, prompt_len + max_new_tokens,
-                           dtype=next(model.parameters()).dtype, device=device)
-    elif cache is not None and not isinstance(cache, KVCache):
-        raise ValueError(f"cache={cache!r} is not a cache; allowed: None, a kind name or a KVCache")
-    mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=device)
-    sampler = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        cache = make_cache(cache, cfg, batch, total, dtype=param.dtype, device=param.device)
+    elif cache is not None:
+        _check_cache_object(cache, cfg, batch, total, param)
     out = Generation(tokens=ids, prompt_len=prompt_len)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    feed = ids
-    for step in range(max_new_tokens):
-        logits, cost = _forward(model, feed, cache, mask, count_flops, device)
-        out.steps.append(cost)
-        nxt = _pick(logits[:, -1], temperature, top_k, sampler)
-        if eos_token_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
-            done |= nxt == eos_token_id
-        out.tokens = torch.cat([out.tokens, nxt[:, None]], dim=1)
-        if on_token is not None:
-            on_token(step, nxt)
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        if bool(done.all()):
-            break
-        feed = out.tokens if cache is None else nxt[:, None]  # naive: everything again
+    fixed_shape = type(cache) is StaticKVCache and mask is None and not count_flops
+    if fixed_shape:  # the cache's own buffers, written by the fixed-shape step
+        forward = FastDecoder(model, batch, total, storage=cache).step
+    else:
+        forward = _model_forward(model, cache, mask)
+    forward = _recorded(forward, out.steps, count_flops, param.device)
+    out.tokens = decode_loop(forward, ids, max_new_tokens, naive=cache is None,
+                             temperature=temperature, top_k=top_k,
+                             generator=make_generator(seed, param.device),
+                             eos_token_id=eos_token_id, on_token=on_token)
+    if fixed_shape:  # the step wrote K and V but keeps no count: every token but the last was fed
+        filled = out.tokens.shape[1] - 1
+        cache.set_length(filled)
+        cache.bytes_copied += 2 * cache.k[:, :, :, :filled].nbytes
     return out
 
 
-def _forward(model, feed, cache, mask, count_flops, device):
-    """One timed forward pass; returns the logits and its Step record."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    if count_flops:
-        with FlopCounterMode(display=False) as counter:
-            logits = model(feed, cache=cache, attention_mask=mask)
-        flops = counter.get_total_flops()
-    else:
-        logits, flops = model(feed, cache=cache, attention_mask=mask), None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - t0
-    return logits, Step(fed_tokens=feed.shape[1], kv_rows=feed.shape[1], seconds=seconds,
-                        flops=flops)
+def _model_forward(model, cache: KVCache | None, mask: torch.Tensor | None):
+    """forward(feed, positions) through the model's own forward: logits of the last position."""
+    def forward(feed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        seen = feed.shape[1] + (cache.seq_len if cache is not None else 0)
+        return model(feed, cache=cache, attention_mask=None if mask is None else mask[:, :seen])[:, -1]
+    return forward
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, sampler) -> torch.Tensor:
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=sampler)[:, 0]
+def _recorded(forward, steps: list[Step], count_flops: bool, device: torch.device):
+    """forward, timed (and its FLOPs counted if asked), appending one Step a call to `steps`."""
+    sync = device.type == "cuda"  # GPU work is asynchronous: wait for it, or the time is launch time
+
+    def timed(feed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if sync:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        if count_flops:
+            with FlopCounterMode(display=False) as counter:
+                logits = forward(feed, positions)
+            flops = counter.get_total_flops()
+        else:
+            logits, flops = forward(feed, positions), None
+        if sync:
+            torch.cuda.synchronize(device)
+        n = feed.shape[1]
+        steps.append(Step(fed_tokens=n, kv_rows=n, seconds=time.perf_counter() - t0, flops=flops))
+        return logits
+    return timed
 
 
-def _check_args(max_new_tokens, temperature, top_k, ids, cfg) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k={top_k!r} must be a positive integer or None")
-    if ids.min() < 0 or ids.max() >= cfg.vocab_size:
-        raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}; "
-                         f"got min {int(ids.min())}, max {int(ids.max())}")
-    total = ids.shape[1] + max_new_tokens
-    if total > cfg.max_seq_len:
-        raise ValueError(f"prompt of {ids.shape[1]} + max_new_tokens={max_new_tokens} = {total} "
-                         f"tokens exceeds the model's max_seq_len={cfg.max_seq_len}")
+def _full_mask(attention_mask, ids: torch.Tensor, total: int) -> torch.Tensor | None:
+    """The prompt's padding mask extended with 1s for the tokens to come, (B, total) bool; refuses
+    a mask of the wrong shape or values, right padding, and rows that are all padding."""
+    if attention_mask is None:
+        return None
+    mask = torch.as_tensor(attention_mask, device=ids.device)
+    if mask.dim() == 1:  # one sequence, like a 1-D prompt
+        mask = mask[None]
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; expected the prompt's "
+                         f"{tuple(ids.shape)}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding); got values "
+                         f"{sorted(set(mask.flatten().tolist()))[:6]}")
+    keep = mask.bool()
+    right = (keep[:, :-1] & ~keep[:, 1:]).any(dim=1)
+    if bool(right.any()):
+        row = int(right.nonzero()[0])
+        raise ValueError(f"attention_mask row {row} is {keep[row].int().tolist()}: a 0 after a 1 means "
+                         "padding on the right; pad on the left (0s first) so every row's last token "
+                         "is real")
+    if not bool(keep[:, -1].all()):
+        row = int((~keep[:, -1]).nonzero()[0])
+        raise ValueError(f"attention_mask row {row} is all 0: every sequence needs at least one token")
+    full = torch.ones(ids.shape[0], total, dtype=torch.bool, device=ids.device)
+    full[:, :ids.shape[1]] = keep
+    return full
+
+
+def _check_cache_object(cache, config, batch: int, total: int, param: torch.Tensor) -> None:
+    """Refuse what is not a cache, a cache that already holds positions, or one that does not fit
+    the model and the prompt."""
+    if not isinstance(cache, KVCache):
+        raise ValueError(f"cache={cache!r} is not a cache; allowed: None, a kind name "
+                         f"({', '.join(map(repr, CACHE_KINDS))}) or a KVCache object")
+    if cache.seq_len:
+        raise ValueError(f"the cache already holds {cache.seq_len} positions (from an earlier call?): "
+                         "call cache.reset() or pass a fresh cache")
+    cache.check_compatible(config, batch, param.dtype, param.device)
+    if cache.max_seq_len is not None and cache.max_seq_len < total:
+        raise ValueError(f"the cache has room for {cache.max_seq_len} positions; the prompt and "
+                         f"max_new_tokens need {total}")
 
 
 def decode_bytes(ids: Sequence[int] | torch.Tensor) -> str:

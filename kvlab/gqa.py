@@ -37,18 +37,22 @@ def kv_groups(n_heads: int, n_kv_heads: int) -> list[list[int]]:
 
 
 def variants(config: ModelConfig) -> dict[str, ModelConfig]:
-    """The same model shape with MHA, its own KV-head count and MQA (plus MLA if it is an MLA model).
+    """The same shape with MHA, with its own KV-head count (when that is GQA), with MQA, and, for an
+    MLA model, the model itself: what chapter 04 compares.
 
-    Keys are labels such as "MHA (64 KV heads)", "GQA (8 KV heads)", "MQA (1 KV head)", "MLA".
-    An MLA config's own entry is the MLA one; its MHA/GQA/MQA entries drop the latent.
+    Keys are labels: "MHA (64 KV heads)", "GQA (8 KV heads)", "MQA (1 KV head)",
+    "MLA (576-element latent)". The MHA/GQA/MQA entries drop an MLA model's latent; a model with one
+    query head has one entry, its MHA being its MQA.
     """
     plain = config.with_(kv_latent_dim=None)
-    out = {f"MHA ({config.n_heads} KV heads)": plain.with_(n_kv_heads=config.n_heads)}
-    if config.kv_latent_dim is None and 1 < config.n_kv_heads < config.n_heads:
-        out[f"GQA ({config.n_kv_heads} KV heads)"] = plain
-    out["MQA (1 KV head)"] = plain.with_(n_kv_heads=1)
+    h, kv = config.n_heads, config.n_kv_heads
+    out = {f"MHA ({h} KV head{'s' * (h > 1)})": plain.with_(n_kv_heads=h)}
+    if 1 < kv < h:
+        out[f"GQA ({kv} KV heads)"] = plain
+    if h > 1:
+        out["MQA (1 KV head)"] = plain.with_(n_kv_heads=1)
     if config.kv_latent_dim is not None:
-        out["MLA"] = config
+        out[f"MLA ({config.kv_latent_dim}-element latent)"] = config
     return out
 
 
@@ -104,6 +108,43 @@ def mha_to_gqa(model: Transformer, n_kv_heads: int) -> Transformer:
     _check_divides(n_kv_heads, cfg.n_kv_heads, what="the model's n_kv_heads")
     return _rebuild(model, cfg.with_(n_kv_heads=n_kv_heads),
                     lambda w: pool_kv_heads(w, n_kv_heads, cfg.head_dim))
+
+
+def uptrain(model: Transformer, steps: int, text: str, lr: float = 3e-4, batch_size: int = 16,
+            context: int = 256, seed: int = 0) -> Transformer:
+    """A copy of `model` trained `steps` more steps on `text` (the GQA paper's uptraining after
+    pooling; give an unconverted model the same steps as the control). The input is left as it is.
+
+    Plain AdamW at a constant `lr` (the default is kvlab.train's final learning rate), weight decay
+    0.1, gradients clipped to norm 1, no dropout; the random windows come from `seed`, so two
+    models uptrained with the same seed see the same bytes.
+    """
+    import torch.nn.functional as F
+
+    from . import validate
+    from .generate import encode_bytes
+    from .train import batches
+
+    steps = validate.integer("steps", steps, low=0)
+    lr = validate.number("lr", lr, low=0)
+    batch_size = validate.integer("batch_size", batch_size)
+    context = validate.integer("context", context, high=model.config.max_seq_len)
+    student = _rebuild(model, model.config, lambda w: w).train()
+    device = next(student.parameters()).device
+    data = torch.tensor(encode_bytes(text), dtype=torch.long)
+    if data.numel() < context + 2:
+        raise ValueError(f"text has {data.numel()} bytes; context={context} needs at least {context + 2}")
+    opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    stream = batches(data, batch_size, context, torch.Generator().manual_seed(seed))
+    for _ in range(steps):
+        x, y = (t.to(device) for t in next(stream))
+        logits = student(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+    return student.eval()
 
 
 def gqa_to_mha(model: Transformer) -> Transformer:

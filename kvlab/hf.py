@@ -1,13 +1,22 @@
-"""`from_hf`: a kvlab Transformer with the weights of a `transformers` Llama-family model.
+"""A real model, the same code: kvlab Transformers with the weights of `transformers` checkpoints.
 
 Llama, Mistral and Qwen2 share kvlab's architecture (RMSNorm, RoPE in the rotate-half layout,
 SwiGLU, GQA; Qwen2 adds biases on Q, K, V), so the weights copy over one to one; kvlab only
-fuses Q/K/V and gate/up into single matrices. `transformers` is an optional dependency.
+fuses Q/K/V and gate/up into single matrices. Anything else a config can switch on (other
+activations, MLP or output biases, scaled RoPE, unknown weights) is refused with a message naming
+the field, never run approximately. `transformers` is an optional dependency (`pip install kvlab[hf]`).
+
+    model, tokenizer = kvlab.hf.load("HuggingFaceTB/SmolLM2-135M")   # hub, local cache or a folder
+    model, tokenizer = kvlab.hf.load_course_model()   # the course's model, or $KVLAB_REAL_MODEL
+
+`save_random_checkpoint(folder)` writes a small random-weights Llama and a tokenizer trained on the
+course corpus, so everything here can be tried (and tested) without any download.
 """
 
 from __future__ import annotations
 
-import warnings
+import os
+from pathlib import Path
 
 import torch
 
@@ -15,25 +24,32 @@ from .config import ModelConfig
 from .model import Transformer
 
 SUPPORTED = ("llama", "mistral", "qwen2")
+COURSE_MODEL = "HuggingFaceTB/SmolLM2-135M"  # Apache-2.0; 30 layers, 9 query heads, 3 KV heads
+REAL_MODEL_ENV = "KVLAB_REAL_MODEL"          # a folder (or hub name) to use instead of COURSE_MODEL
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+          "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+class ModelUnavailableError(RuntimeError):
+    """The checkpoint could not be loaded (offline and not cached, or no such model or folder)."""
 
 
 def config_from_hf(hf_config) -> ModelConfig:
-    """Translate a transformers config into a ModelConfig, refusing what kvlab cannot reproduce."""
+    """Translate a transformers config into a ModelConfig, refusing what kvlab cannot reproduce.
+
+    A sliding attention window (Mistral, Qwen2 with use_sliding_window) changes nothing for
+    sequences that fit in it, so kvlab's max_seq_len is capped at the window: longer sequences are
+    refused by the model instead of being answered with full attention.
+    """
     kind = getattr(hf_config, "model_type", None)
     if kind not in SUPPORTED:
         raise ValueError(f"model_type={kind!r} is not supported; allowed: {', '.join(SUPPORTED)}")
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    scaling = getattr(hf_config, "rope_scaling", None) or rope
-    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        raise ValueError(f"rope scaling {scaling.get('rope_type', scaling.get('type'))!r} is not "
-                         "supported; kvlab implements plain RoPE (rope_type='default')")
-    theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True) and \
-            window < hf_config.max_position_embeddings:
-        warnings.warn(f"sliding_window={window}: kvlab attends to the whole context, so results "
-                      f"match only for sequences of at most {window} tokens", stacklevel=3)
+    _refuse_what_kvlab_does_not_compute(hf_config)
     n_heads = hf_config.num_attention_heads
+    max_seq_len, source = hf_config.max_position_embeddings, "transformers config"
+    window = _sliding_window(hf_config)
+    if window is not None and window < max_seq_len:
+        max_seq_len, source = window, f"transformers config; max_seq_len capped at sliding_window={window}"
     return ModelConfig(
         n_layers=hf_config.num_hidden_layers,
         d_model=hf_config.hidden_size,
@@ -41,40 +57,201 @@ def config_from_hf(hf_config) -> ModelConfig:
         n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or n_heads,
         d_ff=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size,
-        max_seq_len=hf_config.max_position_embeddings,
+        max_seq_len=max_seq_len,
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads,
-        rope_theta=float(theta),
+        rope_theta=float(_rope(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))),
         norm_eps=hf_config.rms_norm_eps,
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        qkv_bias=kind == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qkv_bias=kind == "qwen2",
         name=getattr(hf_config, "_name_or_path", "") or kind,
-        source="transformers config",
+        source=source,
     )
 
 
+def _rope(hf_config) -> dict:
+    # transformers 5 keeps RoPE settings in `rope_parameters`; 4.x in `rope_scaling` + `rope_theta`.
+    return getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+
+
+def _refuse_what_kvlab_does_not_compute(hf_config) -> None:
+    act = getattr(hf_config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):  # transformers' "swish" is SiLU too
+        raise ValueError(f"hidden_act={act!r} is not supported; kvlab's feed-forward is SwiGLU "
+                         "(hidden_act='silu')")
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("mlp_bias=True is not supported; kvlab's feed-forward has no biases")
+    if getattr(hf_config, "attention_bias", False):
+        raise ValueError("attention_bias=True is not supported; it adds a bias to the output "
+                         "projection (o_proj), which kvlab's attention does not have")
+    rope = _rope(hf_config)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ValueError(f"rope scaling {rope_type!r} is not supported; kvlab implements plain "
+                         "RoPE (rope_type='default')")
+
+
+def _sliding_window(hf_config) -> int | None:
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or not getattr(hf_config, "use_sliding_window", True):
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)  # Qwen2: only some layers may slide
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
 def from_hf(hf_model) -> Transformer:
-    """Build a kvlab Transformer holding a copy of hf_model's weights (same dtype and device)."""
+    """Build a kvlab Transformer holding a copy of hf_model's weights (same dtype and device).
+
+    Every weight of hf_model must find its place in kvlab's model: one that does not (a bias
+    kvlab has no slot for, say) is refused by name rather than dropped.
+    """
     config = config_from_hf(hf_model.config)
-    if getattr(hf_model.config, "attention_bias", False) and hf_model.config.model_type == "llama":
-        raise ValueError("attention_bias=True with a bias on the output projection is not supported")
-    sd = hf_model.state_dict()
+    sd = dict(hf_model.state_dict())
+    used: set[str] = set()
+
+    def take(*names: str) -> torch.Tensor:
+        used.update(names)
+        return torch.cat([sd[n] for n in names]) if len(names) > 1 else sd[names[0]]
+
     param = next(hf_model.parameters())
     model = Transformer(config).to(dtype=param.dtype, device=param.device)
-    ours = {"embed.weight": sd["model.embed_tokens.weight"],
-            "norm.weight": sd["model.norm.weight"],
-            "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"])}
+    ours = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight"),
+            "lm_head.weight": take("lm_head.weight" if "lm_head.weight" in sd
+                                   else "model.embed_tokens.weight")}
     for i in range(config.n_layers):
         hf, kv = f"model.layers.{i}.", f"layers.{i}."
-        ours[kv + "attn_norm.weight"] = sd[hf + "input_layernorm.weight"]
-        ours[kv + "ffn_norm.weight"] = sd[hf + "post_attention_layernorm.weight"]
-        ours[kv + "attn.qkv.weight"] = torch.cat(
-            [sd[hf + f"self_attn.{p}_proj.weight"] for p in "qkv"])
+        ours[kv + "attn_norm.weight"] = take(hf + "input_layernorm.weight")
+        ours[kv + "ffn_norm.weight"] = take(hf + "post_attention_layernorm.weight")
+        ours[kv + "attn.qkv.weight"] = take(*(hf + f"self_attn.{p}_proj.weight" for p in "qkv"))
         if config.qkv_bias:
-            ours[kv + "attn.qkv.bias"] = torch.cat(
-                [sd[hf + f"self_attn.{p}_proj.bias"] for p in "qkv"])
-        ours[kv + "attn.out.weight"] = sd[hf + "self_attn.o_proj.weight"]
-        ours[kv + "ffn.gate_up.weight"] = torch.cat(
-            [sd[hf + "mlp.gate_proj.weight"], sd[hf + "mlp.up_proj.weight"]])
-        ours[kv + "ffn.down.weight"] = sd[hf + "mlp.down_proj.weight"]
+            ours[kv + "attn.qkv.bias"] = take(*(hf + f"self_attn.{p}_proj.bias" for p in "qkv"))
+        ours[kv + "attn.out.weight"] = take(hf + "self_attn.o_proj.weight")
+        ours[kv + "ffn.gate_up.weight"] = take(hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight")
+        ours[kv + "ffn.down.weight"] = take(hf + "mlp.down_proj.weight")
+    left = sorted(set(sd) - used)
+    if left:
+        raise ValueError(f"{len(left)} weights of the transformers model have no place in kvlab's "
+                         f"model, e.g. {left[0]!r}; kvlab would ignore them, so it refuses")
     model.load_state_dict(ours)
     return model.eval()
+
+
+def _dtype(dtype) -> torch.dtype:
+    if dtype is None:
+        return torch.float32  # exact comparisons; 135 M parameters are 0.5 GiB in fp32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not allowed; allowed: a torch.dtype or "
+                         f"{', '.join(map(repr, DTYPES))}")
+    return DTYPES[dtype]
+
+
+def load_transformers(name_or_path: str | os.PathLike = COURSE_MODEL, dtype=None, device=None,
+                      local_files_only: bool = False):
+    """(transformers model, tokenizer) of a checkpoint: a local folder, the local cache or the hub.
+
+    The local cache is tried first, so a model downloaded once loads offline. Raises
+    ModelUnavailableError, saying how to make it available, when it cannot be loaded.
+    """
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as err:
+        raise ModelUnavailableError("kvlab.hf needs transformers: pip install 'kvlab[hf]'") from err
+    dtype, name = _dtype(dtype), str(name_or_path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if Path(name).expanduser().is_dir():
+        name, tries = str(Path(name).expanduser()), (True,)
+    else:
+        tries = (True,) if local_files_only else (True, False)  # cache first, then the hub
+    for only_local in tries:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=only_local)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype,
+                                                         local_files_only=only_local)
+            return model.to(device).eval(), tokenizer
+        except Exception as err:  # only the "cannot get the files" kinds are caught (below)
+            if not _unavailable(err):
+                raise
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    raise ModelUnavailableError(
+        f"could not load {name!r} ({reason[:160]}). To use a real model, run online once (e.g. on "
+        f"Colab) so it is downloaded and cached, or set {REAL_MODEL_ENV}=/path/to/a/folder saved "
+        "with save_pretrained")
+
+
+def _unavailable(err: Exception) -> bool:
+    """Does err mean the files could not be had (not cached, offline, no such repo or folder)?"""
+    network = type(err).__module__.split(".")[0] in ("httpx", "requests", "urllib3", "huggingface_hub")
+    return isinstance(err, (OSError, ValueError)) or network
+
+
+def load(name_or_path: str | os.PathLike = COURSE_MODEL, dtype=None, device=None,
+         local_files_only: bool = False) -> tuple[Transformer, object]:
+    """(kvlab Transformer, the checkpoint's own tokenizer) for a Llama/Mistral/Qwen2 checkpoint.
+
+    dtype: None (float32), a torch.dtype or "fp32"/"fp16"/"bf16"; device: None picks CUDA when
+    present. Raises ModelUnavailableError when the checkpoint cannot be loaded, ValueError when
+    kvlab cannot run it exactly.
+    """
+    hf_model, tokenizer = load_transformers(name_or_path, dtype, device, local_files_only)
+    return from_hf(hf_model), tokenizer
+
+
+def course_model_name() -> str:
+    """The checkpoint the "On a real model" sections use: $KVLAB_REAL_MODEL, else COURSE_MODEL."""
+    return os.environ.get(REAL_MODEL_ENV) or COURSE_MODEL
+
+
+def load_course_model(dtype=None, device=None, transformers_too: bool = False) -> tuple:
+    """The course's real model as (kvlab model, tokenizer), or (kvlab, tokenizer, transformers model)
+    with transformers_too=True, for sections that compare the two on the same weights."""
+    hf_model, tokenizer = load_transformers(course_model_name(), dtype, device)
+    model = from_hf(hf_model)
+    return (model, tokenizer, hf_model) if transformers_too else (model, tokenizer)
+
+
+def random_hf_model(seed: int = 0, vocab_size: int = 320, **config):
+    """A small random-weights transformers LlamaForCausalLM (no download), for trying the API."""
+    import transformers
+
+    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                 bos_token_id=None, eos_token_id=None, pad_token_id=None) | config
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
+    with torch.no_grad():  # weights large enough that greedy choices are not near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.12)
+    return model
+
+
+def train_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer trained on the course corpus with `tokenizers` (any text encodes)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from .pretrained import corpus_text
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus_text("train").split("\n\n"), vocab_size=vocab_size - 1,
+                            min_frequency=2, special_tokens=["<|endoftext|>"], show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>")
+
+
+def save_random_checkpoint(folder: str | os.PathLike, seed: int = 0, **config) -> Path:
+    """Save a random-weights Llama and a trained tokenizer to `folder`, as the hub would serve them.
+
+    `load(folder)` then works offline: the course's "On a real model" sections run on it when
+    KVLAB_REAL_MODEL points at the folder (the numbers are a random model's, the code the same).
+    """
+    folder = Path(folder)
+    tokenizer = train_tokenizer()
+    model = random_hf_model(seed, vocab_size=len(tokenizer), **config)
+    model.config.eos_token_id = model.generation_config.eos_token_id = None  # never stop early
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ModelConfig
+from . import validate
+from .config import ModelConfig, resolve
 
 # Bits per stored element. "int4" packs two values a byte (scales not included here).
 DTYPE_BITS: dict[str, int] = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
@@ -21,51 +22,86 @@ GB = 10**9
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory_bytes: int          # as sold: decimal gigabytes
+    memory_bytes: int          # total memory as CUDA reports it (PyTorch's total_memory)
     bandwidth_bytes_per_s: float
     note: str = ""
+    nvidia_smi_mib: int = 0    # the total nvidia-smi shows, in MiB
 
 
-# REFERENCE.md, from the vendors' data sheets.
+# GPU memory is binary: an "80GB" A100 shows 81,920 MiB in nvidia-smi, and PyTorch's total_memory
+# (what CUDA hands out, also quoted in its out-of-memory message) is a little less, about 79.2 GiB:
+# not 80 decimal GB = 74.5 GiB. memory_bytes is the low end of the total_memory range reported in
+# public logs (it varies a little with driver and ECC); see docs/references.md, "GPUs", for the
+# sources, and the vendors' data sheets for the bandwidths. On a real GPU use `current_gpu()`.
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in [
-        GPU("T4 16GB", 16 * GB, 320e9, "Colab free tier; FP16 tensor cores, no fast bf16"),
-        GPU("A100 40GB", 40 * GB, 1555e9, "HBM2"),
-        GPU("A100 80GB", 80 * GB, 2039e9, "SXM, HBM2e"),
-        GPU("H100 80GB", 80 * GB, 3.35e12, "SXM, HBM3"),
-        GPU("H200 141GB", 141 * GB, 4.8e12, "HBM3e"),
+        GPU("T4 16GB", round(14.56 * GiB), 320e9, "Colab free tier; FP16 tensor cores, no fast bf16",
+            15_360),
+        GPU("A100 40GB", round(39.4 * GiB), 1555e9, "HBM2", 40_960),
+        GPU("A100 80GB", round(79.15 * GiB), 2039e9, "SXM, HBM2e", 81_920),
+        GPU("H100 80GB", round(79.1 * GiB), 3.35e12, "SXM, HBM3", 81_559),
+        GPU("H200 141GB", round(139.8 * GiB), 4.8e12, "HBM3e", 143_771),
     ]
 }
 
+# What the CUDA context (kernels, cuBLAS workspace) takes before any tensor: about 0.3-0.5 GiB
+# (docs/references.md); plan() keeps the upper end free.
+CUDA_CONTEXT_BYTES = GiB // 2
+
+
+def current_gpu(device=None) -> GPU:
+    """This machine's GPU as a GPUS entry: its memory is what CUDA reports now
+    (`torch.cuda.mem_get_info`: the total; the free part is in the note), its bandwidth that of
+    the GPUS entry with the same model name (nan when unknown)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("current_gpu() needs a CUDA GPU and none is available; pick one of "
+                         f"memory.GPUS instead: {', '.join(GPUS)}")
+    free, total = torch.cuda.mem_get_info(device)
+    name = torch.cuda.get_device_name(device)
+    known = [g for g in GPUS.values() if g.name.split()[0] in name]
+    bandwidth = min(known, key=lambda g: abs(g.memory_bytes - total)).bandwidth_bytes_per_s \
+        if known else float("nan")
+    return GPU(name, total, bandwidth, f"{free / GiB:.2f} GiB free when read", total // MiB)
+
 
 def dtype_bits(dtype: str) -> int:
-    if dtype not in DTYPE_BITS:
+    """Bits per stored element of a dtype name ("fp16": 16)."""
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPE_BITS)}")
     return DTYPE_BITS[dtype]
 
 
-def kv_elements_per_token(config: ModelConfig) -> int:
+def kv_elements_per_token(config: ModelConfig | str) -> int:
     """Elements cached for one token across all layers."""
+    config = resolve(config)
     if config.kv_latent_dim is not None:
         return config.n_layers * config.kv_latent_dim
     return 2 * config.n_layers * config.n_kv_heads * config.head_dim
 
 
-def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1,
+def kv_cache_bytes(config: ModelConfig | str, seq_len: int, batch_size: int = 1,
                    dtype: str = "fp16") -> int:
-    """Bytes of the KV cache for `batch_size` sequences of `seq_len` tokens."""
-    _check_count("seq_len", seq_len, allow_zero=True)
-    _check_count("batch_size", batch_size)
-    return kv_elements_per_token(config) * seq_len * batch_size * dtype_bits(dtype) // 8
+    """Bytes of the KV cache for `batch_size` sequences of `seq_len` tokens (int4: rounded up to a
+    whole byte). `config` may be a preset name."""
+    seq_len = validate.integer("seq_len", seq_len, low=0)
+    batch_size = validate.integer("batch_size", batch_size)
+    bits = kv_elements_per_token(resolve(config)) * seq_len * batch_size * dtype_bits(dtype)
+    return -(-bits // 8)  # ceiling division: half a byte still takes a byte
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: str = "fp16") -> int:
-    return kv_cache_bytes(config, 1, 1, dtype)
+def kv_bytes_per_token(config: ModelConfig | str, dtype: str = "fp16") -> int | float:
+    """Bytes one token adds to the cache: an int, or a float when it is not whole (int4 of an odd
+    number of elements: 4.5, not 4)."""
+    bits = kv_elements_per_token(resolve(config)) * dtype_bits(dtype)
+    return bits // 8 if bits % 8 == 0 else bits / 8
 
 
-def param_count(config: ModelConfig) -> int:
+def param_count(config: ModelConfig | str) -> int:
     """Parameters of a Llama-shaped model (or the published count when the config gives one)."""
+    config = resolve(config)
     if config.n_params is not None:
         return config.n_params
     d, h, kv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
@@ -76,22 +112,14 @@ def param_count(config: ModelConfig) -> int:
     return config.n_layers * per_layer + embed + d  # + final norm
 
 
-def weight_bytes(config: ModelConfig, dtype: str = "fp16") -> int:
-    return param_count(config) * dtype_bits(dtype) // 8
-
-
-def _check_count(name: str, value, allow_zero: bool = False) -> None:
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+def weight_bytes(config: ModelConfig | str, dtype: str = "fp16") -> int:
+    return -(-param_count(config) * dtype_bits(dtype) // 8)
 
 
 def gpu(name_or_gpu: str | GPU) -> GPU:
     if isinstance(name_or_gpu, GPU):
         return name_or_gpu
-    if name_or_gpu not in GPUS:
-        raise ValueError(f"gpu={name_or_gpu!r} is not in GPUS; allowed: {', '.join(GPUS)}")
-    return GPUS[name_or_gpu]
+    return GPUS[validate.choice("gpu", name_or_gpu, GPUS)]
 
 
 @dataclass(frozen=True)
@@ -102,9 +130,10 @@ class Plan:
     weight_bytes: int
     reserve_bytes: int      # activations, workspace, fragmentation: kept free
     cache_bytes: int        # for the requested seq_len and batch
-    free_for_cache: int     # memory left for the cache after weights and reserve (may be < 0)
+    free_for_cache: int     # memory left for the cache after context, weights, reserve (may be < 0)
     max_context: int        # longest seq_len that fits at this batch size (0: none)
     max_batch: int          # most sequences of seq_len that fit (0: none)
+    context_bytes: int = CUDA_CONTEXT_BYTES  # taken by the CUDA context
 
     @property
     def fits(self) -> bool:
@@ -112,44 +141,53 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.reserve_bytes + self.cache_bytes
+        return self.context_bytes + self.weight_bytes + self.reserve_bytes + self.cache_bytes
 
 
-def plan(config: ModelConfig, gpu_name: str | GPU, seq_len: int, batch_size: int = 1,
-         dtype: str = "fp16", weight_dtype: str = "fp16", reserve_fraction: float = 0.0) -> Plan:
-    """Capacity planning: what fits next to the weights. reserve_fraction of the GPU's memory is
-    kept for activations and workspace (vLLM, for instance, uses 90 % of memory by default)."""
-    g = gpu(gpu_name)
-    if not 0 <= reserve_fraction < 1:
-        raise ValueError(f"reserve_fraction={reserve_fraction} must be in [0, 1)")
+def plan(config: ModelConfig | str, gpu_name: str | GPU, seq_len: int, batch_size: int = 1,
+         dtype: str = "fp16", weight_dtype: str = "fp16", reserve_fraction: float = 0.0,
+         context_bytes: int = CUDA_CONTEXT_BYTES) -> Plan:
+    """Capacity planning: what fits next to the weights. The GPU's memory (as CUDA reports it) less
+    the CUDA context (`context_bytes`) and reserve_fraction of the memory, kept for activations
+    and workspace (vLLM, for instance, uses 90 % of memory by default), is left for the cache."""
+    config, g = resolve(config), gpu(gpu_name)
+    seq_len = validate.integer("seq_len", seq_len)  # at least one token: a plan for nothing is no plan
+    if isinstance(reserve_fraction, bool) or not 0 <= reserve_fraction < 1:  # NaN fails too
+        raise ValueError(f"reserve_fraction={reserve_fraction!r} must be in [0, 1)")
+    context_bytes = validate.integer("context_bytes", context_bytes, low=0)
     w = weight_bytes(config, weight_dtype)
     reserve = int(g.memory_bytes * reserve_fraction)
-    free = g.memory_bytes - w - reserve
-    per_token = kv_bytes_per_token(config, dtype)
+    free = g.memory_bytes - context_bytes - w - reserve
     cache = kv_cache_bytes(config, seq_len, batch_size, dtype)
-    max_context = max(free, 0) // (per_token * batch_size)
+    # In bits, so a fractional bytes-per-token (int4) is not floored into a promise that does not
+    # fit; a token of a one-element int4 config is half a byte, never zero.
+    bits_per_token = kv_elements_per_token(config) * dtype_bits(dtype)
+    max_context = max(free, 0) * 8 // (bits_per_token * batch_size)
     per_seq = kv_cache_bytes(config, seq_len, 1, dtype)
     max_batch = max(free, 0) // per_seq if per_seq else 0
-    return Plan(g, w, reserve, cache, free, max_context, max_batch)
+    return Plan(g, w, reserve, cache, free, max_context, max_batch, context_bytes)
 
 
 class DoesNotFitError(ValueError):
     """A cache (or the weights alone) needs more memory than the GPU has."""
 
 
-def require_fit(config: ModelConfig, gpu_name: str | GPU, seq_len: int, batch_size: int = 1,
-                dtype: str = "fp16", weight_dtype: str = "fp16",
-                reserve_fraction: float = 0.0) -> Plan:
+def require_fit(config: ModelConfig | str, gpu_name: str | GPU, seq_len: int, batch_size: int = 1,
+                dtype: str = "fp16", weight_dtype: str = "fp16", reserve_fraction: float = 0.0,
+                context_bytes: int = CUDA_CONTEXT_BYTES) -> Plan:
     """Like `plan`, but refuse a setting that does not fit, saying by how much."""
-    p = plan(config, gpu_name, seq_len, batch_size, dtype, weight_dtype, reserve_fraction)
+    config = resolve(config)
+    p = plan(config, gpu_name, seq_len, batch_size, dtype, weight_dtype, reserve_fraction,
+             context_bytes)
     if not p.fits:
         name = config.name or "the model"
         raise DoesNotFitError(
             f"{name} at seq_len={seq_len:,}, batch_size={batch_size} needs a {dtype} KV cache of "
-            f"{p.cache_bytes / GiB:.2f} GiB, but {p.gpu.name} has {max(p.free_for_cache, 0) / GiB:.2f} "
-            f"GiB left after {p.weight_bytes / GiB:.2f} GiB of weights and {p.reserve_bytes / GiB:.2f} "
-            f"GiB reserve; longest context at this batch: {p.max_context:,} tokens, "
-            f"most sequences of this length: {p.max_batch}"
+            f"{p.cache_bytes / GiB:.2f} GiB, but {p.gpu.name} ({p.gpu.memory_bytes / GiB:.2f} GiB) "
+            f"has {max(p.free_for_cache, 0) / GiB:.2f} GiB left after the CUDA context "
+            f"({p.context_bytes / GiB:.2f} GiB), {p.weight_bytes / GiB:.2f} GiB of weights and "
+            f"{p.reserve_bytes / GiB:.2f} GiB reserve; longest context at this batch: "
+            f"{p.max_context:,} tokens, most sequences of this length: {p.max_batch}"
         )
     return p
 
@@ -157,8 +195,8 @@ def require_fit(config: ModelConfig, gpu_name: str | GPU, seq_len: int, batch_si
 def format_bytes(n: int | float) -> str:
     """Bytes in binary units (KiB, MiB, GiB, TiB: powers of 1,024), two decimals: '2.00 GiB'.
 
-    Memory sizes in the course are binary; GPUs are sold in decimal GB (10**9 bytes), which is why
-    an "80GB" A100 holds 74.51 GiB.
+    Memory sizes in the course are binary, and so is GPU memory: an "80GB" A100 shows 81,920 MiB in
+    nvidia-smi (80 GiB), of which CUDA reports about 79.2 GiB.
     """
     if isinstance(n, bool) or not isinstance(n, (int, float)) or n != n:
         raise ValueError(f"n={n!r} must be a number of bytes")

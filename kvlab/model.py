@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import attention, causal_mask
-from .config import ModelConfig
+from .config import ModelConfig, resolve
 
 
 class RMSNorm(nn.Module):
@@ -29,7 +29,17 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position × frequency, (max_seq_len, head_dim), computed once."""
+    """cos and sin of position × frequency, (max_seq_len, head_dim), computed once.
+
+    RoPE turns each pair of channels by an angle position · θ_i, with θ_i = theta^(-2i/D) for
+    i = 0 … D/2 - 1: the first pairs turn fast (fine position), the last slowly (far context), and
+    the dot product of a rotated query and key depends only on their distance. The D/2 angles are
+    written twice, [θ_0 … θ_{D/2-1}, θ_0 … θ_{D/2-1}], because apply_rope pairs channel i with
+    channel i + D/2 (the "half-split" layout of Hugging Face's Llama, whose checkpoints permute
+    the Q and K weights for it), not with channel i + 1 as the RoPE paper writes: the same
+    rotation on another channel order, and the one that makes kvlab's logits match transformers'.
+    The exponents are made as int64 then float, as transformers makes them, so the tables match.
+    """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
@@ -37,7 +47,8 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Te
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by their position's angle."""
+    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by their position's angle:
+    (a, b) -> (a·cos - b·sin, b·cos + a·sin), written for all pairs at once with `rotated`."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -93,8 +104,18 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """The decoder. `config` is a ModelConfig or the name of a preset ("tiny-mha")."""
+
+    def __init__(self, config: ModelConfig | str):
         super().__init__()
+        config = resolve(config)
+        if config.kv_latent_dim is not None:
+            raise ValueError(
+                f"{config.name or 'this config'} has kv_latent_dim={config.kv_latent_dim} (MLA, "
+                "multi-head latent attention), which kvlab's model does not implement: it would "
+                "build plain attention with a cache far larger than the latent one. Size an MLA "
+                "cache with kvlab.memory.kv_cache_bytes(config, …), or drop kv_latent_dim to "
+                "build the plain-attention model of this shape")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
@@ -123,8 +144,12 @@ class Transformer(nn.Module):
         or one new token to decode). `attention_mask` (B, cached + T), 1 for real tokens and 0 for
         padding, lets a batch hold prompts of different lengths (left-padded).
         """
+        input_ids = self._check_ids(input_ids)
         b, t = input_ids.shape
-        start = cache.seq_len if cache is not None else 0
+        start = 0
+        if cache is not None:
+            cache.check_compatible(self.config, b, self.embed.weight.dtype, input_ids.device)
+            start = cache.seq_len
         if start + t > self.config.max_seq_len:
             raise ValueError(f"sequence of {start + t} tokens exceeds "
                              f"max_seq_len={self.config.max_seq_len}")
@@ -136,16 +161,53 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, cache, i)
         return self.lm_head(self.norm(x))
 
+    def _check_ids(self, input_ids) -> torch.Tensor:
+        """input_ids when they are a valid (B, T) batch of token ids (as int64 or int32), or a clear
+        error: a list, a 1-D tensor, an empty batch, floats or ids outside the vocabulary would
+        otherwise fail deep inside PyTorch, or (floats) be truncated to other tokens."""
+        if not isinstance(input_ids, torch.Tensor):
+            raise ValueError(f"input_ids must be a (batch, tokens) tensor of token ids; got a "
+                             f"{type(input_ids).__name__} (wrap a list: torch.tensor([ids]))")
+        if input_ids.dim() != 2 or 0 in input_ids.shape:
+            hint = " (add a batch dimension: ids[None])" if input_ids.dim() == 1 else ""
+            raise ValueError(f"input_ids must be (batch, tokens) with at least one of each; got "
+                             f"shape {tuple(input_ids.shape)}{hint}")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must hold integer token ids; got dtype {input_ids.dtype}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            input_ids = input_ids.long()
+        if not torch.compiler.is_compiling():
+            if input_ids.numel() == 1:  # the decode step of one sequence: one read, not a reduction
+                low = high = int(input_ids)
+            else:
+                low, high = (int(x) for x in torch.aminmax(input_ids))
+            vocab = self.config.vocab_size
+            if low < 0 or high >= vocab:
+                raise ValueError(f"token id {low if low < 0 else high} is outside the vocabulary: "
+                                 f"allowed 0..{vocab - 1}")
+        return input_ids
+
     def _positions_and_mask(self, b, t, start, attention_mask, device):
         """RoPE positions, (T,) or (B, 1, T), and the boolean attention mask (or None)."""
         if attention_mask is None:
             positions = torch.arange(start, start + t, device=device)
             # One new token may look at every cached one: no mask needed on the decode path.
             return positions, (causal_mask(t, start + t, device) if t > 1 else None)
+        if not isinstance(attention_mask, torch.Tensor):
+            raise ValueError(f"attention_mask must be a tensor; got a {type(attention_mask).__name__}")
         if attention_mask.shape != (b, start + t):
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; "
                              f"expected (batch, cached + new) = {(b, start + t)}")
         keep = attention_mask.to(device=device, dtype=torch.bool)
+        if not torch.equal(keep, attention_mask.to(device)):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (a real token)")
+        # Positions count the real tokens from the left: right padding would put a padding row
+        # where the next token goes, and give that row a wrong continuation without a word.
+        right_padded = (keep[:, :-1] & ~keep[:, 1:]).any(dim=1)
+        if bool(right_padded.any()):
+            row = int(right_padded.nonzero()[0, 0])
+            raise ValueError(f"attention_mask row {row} has a 0 after a 1 (right padding); pad on "
+                             "the left: zeros first, then the tokens")
         positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, None, start:]  # pads don't count
         mask = causal_mask(t, start + t, device) & keep[:, None, None, :]
         # A padding query would see no key at all (softmax of nothing = NaN): let it see itself.

@@ -1,4 +1,4 @@
-"""Absmax (symmetric) integer quantization of K and V, and how to measure what it costs.
+"""Absmax (symmetric) integer quantization of K and V, and how a quantized cache stores them.
 
 One float `scale` is shared by a group of values: scale = max|x| / qmax (qmax = 127 for int8,
 7 for int4). Each value is stored as the integer q = clamp(round(x / scale), -qmax, qmax) and read
@@ -11,7 +11,9 @@ the *granularity*; for a tensor laid out (..., tokens, channels), as K and V are
   few large "outlier" channels would otherwise blow up every token's scale).
 
 int4 codes are kept one per int8 element here; `Quantized.nbytes` counts them packed two per byte
-(see `pack_int4`), as a real kernel would store them.
+(see `pack_int4`), as a real kernel would store them. `QuantizedLayout` and `QuantizedTensorStore`
+are the storage of one side (K or V) of `kvlab.cache.QuantizedKVCache`; what quantization costs in
+model quality is measured by `kvlab.quality`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from . import validate
 
 GRANULARITIES = ("tensor", "token", "channel")
 BITS = (8, 4)
@@ -65,17 +69,46 @@ def quantize(x: torch.Tensor, granularity: str = "tensor", bits: int = 8,
              scale_dtype: torch.dtype | None = None) -> Quantized:
     """Absmax-quantize x to `bits`-bit integer codes with one scale per `granularity` group.
 
-    The scales are stored in `scale_dtype` (default: x's dtype; fp16 halves their bytes) and the
-    codes are computed with the stored scales, so dequantize(quantize(x)) is within scale / 2.
+    The scales are stored in `scale_dtype` (a float dtype; default: x's dtype; fp16 halves their
+    bytes), rounded *up* to it, and the codes are computed with the stored scales, so every value
+    of dequantize(quantize(x)) is within stored scale / 2 of x. With fp16 scales that is
+    max|x| / qmax / 2 to within 0.1 %, plus at most 3e-8 where the scale falls below fp16's normal
+    range (max|x| < 6.1e-5 · qmax). A scale beyond the dtype's range (fp16: max|x| > 65504 · qmax,
+    about 8.3e6 for int8) cannot be stored: refused, asking for scale_dtype=torch.float32.
     """
     if not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor; got dtype {x.dtype}")
-    scale = absmax_scale(x, granularity, bits).to(scale_dtype or x.dtype)
+    scale = stored_scale(absmax_scale(x, granularity, bits), scale_dtype or x.dtype)
     s = scale.float()
     # A group of zeros has scale 0: divide by 1 instead (its codes are 0 either way).
     q = torch.round(x.float() / torch.where(s > 0, s, torch.ones_like(s)))
     q = q.clamp(-qmax(bits), qmax(bits)).to(torch.int8)
     return Quantized(q, scale, bits, granularity)
+
+
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_scale_dtype(scale_dtype) -> torch.dtype:
+    """Refuse a dtype that cannot hold a scale (an integer dtype would read back zeros)."""
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype={scale_dtype!r} cannot hold a scale; allowed: "
+                         + ", ".join(map(str, SCALE_DTYPES)))
+    return scale_dtype
+
+
+def stored_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`scale` (float32) as stored in `dtype`, rounded up (rounding down could need a code above
+    qmax, clamped: an error over scale / 2); refused when it is not finite there."""
+    check_scale_dtype(dtype)
+    stored = scale.to(dtype)
+    up = torch.nextafter(stored, torch.full_like(stored, torch.finfo(dtype).max))
+    stored = torch.where(stored.float() < scale, up, stored)
+    if not bool(torch.isfinite(stored).all()):
+        raise ValueError(f"a scale of {scale.max().item():.4g} (max |x| / qmax) does not fit in "
+                         f"{dtype} (largest {torch.finfo(dtype).max:.6g}), or x is not finite; "
+                         "store the scales with scale_dtype=torch.float32")
+    return stored
 
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -154,123 +187,140 @@ def _check_granularity(granularity, x: torch.Tensor) -> None:
                          f"got shape {tuple(x.shape)}")
 
 
-# --- what a quantized cache costs: bytes, and errors measured on a model -------------------------
+# --- how a quantized K or V cache is laid out and stored (kvlab.cache.QuantizedKVCache) ----------
 
-def quantized_cache_bytes(config, seq_len: int, batch_size: int = 1, bits: int = 8,
-                          key_granularity: str = "channel", value_granularity: str = "token",
-                          group_size: int = 32, residual: int = 0, scale_bytes: int = 2,
-                          window_bytes: int = 2) -> int:
-    """Bytes of a QuantizedKVCache holding seq_len positions: codes + scales + the full-precision
-    window (`window_bytes` per element: 2 for fp16), with the same layout as the cache."""
+@dataclass(frozen=True)
+class QuantizedLayout:
+    """How one side (K or V) of a QuantizedKVCache lays out one sequence of one layer: worked out
+    once, used by the cache to allocate and by `quantized_cache_bytes` to count."""
+
+    heads: int          # n_kv_heads
+    head_dim: int
+    bits: int
+    granularity: str
+    block: int          # tokens that share a scale: 1 per token, else group_size
+    max_seq_len: int
+    residual: int       # most recent tokens kept in full precision
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim  # values per token
+
+    @property
+    def code_width(self) -> int:
+        return self.width * self.bits // 8  # int4: two codes a byte (width is even)
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.max_seq_len // self.block)  # ceiling division: a partial block has a scale
+
+    @property
+    def scale_width(self) -> int:
+        return self.width if self.granularity == "channel" else 1
+
+    @property
+    def window_capacity(self) -> int:
+        # Not yet quantized: the residual window plus an unfinished block of up to block - 1 tokens.
+        return min(self.residual + self.block - 1, self.max_seq_len)
+
+    def nbytes(self, scale_bytes: int, window_bytes: int) -> int:
+        return (self.max_seq_len * self.code_width + self.n_blocks * self.scale_width * scale_bytes
+                + self.window_capacity * self.width * window_bytes)
+
+
+def quantized_layout(config, max_seq_len: int, granularity: str, bits: int = 8,
+                     group_size: int = 32, residual: int = 0) -> QuantizedLayout:
+    """The validated layout of one side of a QuantizedKVCache."""
+    validate.choice("granularity", granularity, GRANULARITIES)
     check_bits(bits)
     width = config.n_kv_heads * config.head_dim
-    total = 0
-    for granularity in (key_granularity, value_granularity):
-        if granularity not in GRANULARITIES:
-            raise ValueError(f"granularity={granularity!r} is not known; allowed: "
-                             + ", ".join(map(repr, GRANULARITIES)))
-        block = 1 if granularity == "token" else group_size
-        n_scales = -(-seq_len // block) * (width if granularity == "channel" else 1)
-        window = min(residual + block - 1, seq_len)
-        total += seq_len * width * bits // 8 + n_scales * scale_bytes + window * width * window_bytes
-    return config.n_layers * batch_size * total
+    if bits == 4 and width % 2:
+        raise ValueError(f"bits=4 packs two codes a byte: n_kv_heads × head_dim = {width} must be even")
+    block = 1 if granularity == "token" else validate.integer("group_size", group_size)
+    return QuantizedLayout(config.n_kv_heads, config.head_dim, bits, granularity, block,
+                           validate.integer("max_seq_len", max_seq_len),
+                           validate.integer("residual", residual, low=0))
 
 
-STORAGE = ("fp32", "fp16", "int8", "int4")
+class QuantizedTensorStore:
+    """The K (or V) half of a QuantizedKVCache: codes, scales and the full-precision window."""
+
+    def __init__(self, layout: QuantizedLayout, n_layers: int, batch: int, dtype, scale_dtype,
+                 device):
+        self.layout, self.dtype, self.device = layout, dtype, device
+        self.n_layers, self.batch = n_layers, batch
+        self.codes = torch.zeros(n_layers, batch, layout.max_seq_len, layout.code_width,
+                                 dtype=torch.int8, device=device)
+        self.scales = torch.zeros(n_layers, batch, layout.n_blocks, 1, layout.scale_width,
+                                  dtype=scale_dtype, device=device)
+        # The window grows by concatenation; counted at full capacity, as if pre-allocated.
+        element = torch.empty((), dtype=dtype).element_size()
+        self.window_bytes = n_layers * batch * layout.window_capacity * layout.width * element
+        self.reset()
+
+    def reset(self) -> None:
+        self.quantized = [0] * self.n_layers  # tokens stored as codes, a multiple of layout.block
+        self.window = [torch.zeros(self.batch, 0, self.layout.width, dtype=self.dtype,
+                                   device=self.device) for _ in range(self.n_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scales.nbytes + self.window_bytes
+
+    def append(self, layer: int, x: torch.Tensor) -> tuple[int, int]:
+        """Add x (B, H, T, D); quantize every block that is complete and older than `residual`.
+        Returns (bytes written, tensors allocated)."""
+        block, width = self.layout.block, self.layout.width
+        rows = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], width).to(self.dtype)
+        window = torch.cat([self.window[layer], rows], dim=1)
+        ready = max(window.shape[1] - self.layout.residual, 0) // block * block
+        written = 0
+        if ready:
+            codes, scales = self._quantize_blocks(window[:, :ready])
+            q0, b0 = self.quantized[layer], self.quantized[layer] // block
+            self.codes[layer, :, q0:q0 + ready] = codes
+            self.scales[layer, :, b0:b0 + ready // block] = scales
+            self.quantized[layer] = q0 + ready
+            written = codes.nbytes + scales.nbytes
+            window = window[:, ready:].clone()
+        self.window[layer] = window
+        return written + window.nbytes, 1
+
+    def _quantize_blocks(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, n·block, width) -> codes (B, n·block, code width), scales (B, n, 1, scale width)."""
+        b, t, w = x.shape
+        block, bits, granularity = self.layout.block, self.layout.bits, self.layout.granularity
+        blocks = x.reshape(b, t // block, block, w)
+        if granularity == "tensor":  # one scale per block: a "token" of block·width values
+            q = quantize(blocks.reshape(b, t // block, 1, block * w), "token", bits, self.scales.dtype)
+        else:
+            q = quantize(blocks, granularity, bits, self.scales.dtype)
+        codes = q.data.reshape(b, t, w)
+        return (pack_int4(codes) if bits == 4 else codes), q.scale
+
+    def read(self, layer: int) -> torch.Tensor:
+        """Everything stored for `layer`, dequantized, as (B, H, S, D) in the cache's dtype."""
+        n, block, width = self.quantized[layer], self.layout.block, self.layout.width
+        codes = self.codes[layer, :, :n]
+        if self.layout.bits == 4:
+            codes = unpack_int4(codes)
+        b = codes.shape[0]
+        scales = self.scales[layer, :, :n // block].float()
+        values = codes.float().reshape(b, n // block, block, width) * scales
+        rows = torch.cat([values.reshape(b, n, width).to(self.dtype), self.window[layer]], dim=1)
+        return rows.reshape(b, rows.shape[1], self.layout.heads, self.layout.head_dim).transpose(1, 2)
 
 
-def measure_cache_error(model, tokens: torch.Tensor, prompt_len: int = 1, storage: str = "int8",
-                        **cache_options) -> dict:
-    """Errors of one storage format against the exact cache: `compare_caches` for one setting."""
-    setting = {storage: dict(storage=storage, **cache_options)}
-    return compare_caches(model, tokens, prompt_len, setting)[storage]
+
+# Moved: the cache's byte count to kvlab.cache, the measurement harness to kvlab.quality (both
+# import this module, so importing them here at the top would be a cycle). Old names keep working.
+_MOVED = {"quantized_cache_bytes": "cache", "STORAGE": "quality", "measure_cache_error": "quality",
+          "compare_caches": "quality"}
 
 
-@torch.inference_mode()
-def compare_caches(model, tokens: torch.Tensor, prompt_len: int, settings: dict[str, dict]) -> dict:
-    """Run `tokens` (B, T) through `model` teacher-forced (a prefill of prompt_len tokens, then one
-    token a step, as in decoding) with an exact StaticKVCache in the model's dtype, then once per
-    setting with a cache that stores K and V as setting["storage"]: "int8" / "int4" (a
-    QuantizedKVCache built with the setting's other options), "fp16" (rounded to fp16) or "fp32".
+def __getattr__(name: str):
+    if name in _MOVED:
+        import importlib
 
-    Returns {label: metrics}: the relative RMS errors of K, V (all layers), the attention outputs
-    (all layers) and the logits; the logits' max abs error; the fraction of positions whose greedy
-    (arg-max) token agrees; the next-token loss (nats per token) of the exact and of this run; the
-    cache's nbytes and the number of predictions.
-    """
-    tokens = torch.as_tensor(tokens)
-    if tokens.dim() != 2 or not 1 <= prompt_len < tokens.shape[1]:
-        raise ValueError(f"tokens must be (batch, T) with T > prompt_len={prompt_len} >= 1; "
-                         f"got shape {tuple(tokens.shape)}")
-    caches = {label: _storage_cache(model, tokens, **dict(options)) for label, options in settings.items()}
-    la, aa, exact = _teacher_forced(model, tokens, prompt_len, _storage_cache(model, tokens, "fp32"))
-    targets = tokens[:, 1:].reshape(-1)
-    ce = torch.nn.functional.cross_entropy
-    k_exact, v_exact = _all_layers(exact)
-    out = {}
-    for label, cache in caches.items():
-        lb, ab, cache = _teacher_forced(model, tokens, prompt_len, cache)
-        k_quant, v_quant = _all_layers(cache)
-        out[label] = {
-            "k_relative_rms_error": relative_rms_error(k_exact, k_quant),
-            "v_relative_rms_error": relative_rms_error(v_exact, v_quant),
-            "attention_relative_rms_error": relative_rms_error(aa, ab),
-            "logits_relative_rms_error": relative_rms_error(la, lb),
-            "logits_max_abs_error": max_abs_error(la, lb),
-            "top1_agreement": (la.argmax(-1) == lb.argmax(-1)).float().mean().item(),
-            "loss_exact": ce(la.reshape(-1, la.shape[-1]), targets).item(),
-            "loss_quant": ce(lb.reshape(-1, lb.shape[-1]), targets).item(),
-            "cache_nbytes": cache.nbytes,
-            "tokens": targets.numel(),
-        }
-    return out
-
-
-def _storage_cache(model, tokens, storage: str = "int8", **cache_options):
-    """An empty cache for `tokens` that stores K and V as `storage` (see compare_caches)."""
-    from .cache import QuantizedKVCache, StaticKVCache  # the cache module imports this one
-
-    class RoundedKVCache(StaticKVCache):
-        """Stores K and V in a float dtype; hands them back in the model's dtype."""
-
-        def update(self, layer, k, v):
-            k_all, v_all = super().update(layer, k.to(self.k.dtype), v.to(self.v.dtype))
-            return k_all.to(k.dtype), v_all.to(v.dtype)
-
-        def read(self, layer):
-            n = self.lengths[layer]
-            return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
-
-    if storage not in STORAGE:
-        raise ValueError(f"storage={storage!r} is not known; allowed: {', '.join(map(repr, STORAGE))}")
-    if cache_options and storage not in ("int8", "int4"):
-        raise ValueError(f"cache options {sorted(cache_options)} only apply to int8 / int4 storage")
-    cfg, (batch, total) = model.config, tokens.shape
-    dtype = next(model.parameters()).dtype
-    if storage in ("int8", "int4"):
-        return QuantizedKVCache(cfg, batch, total, dtype=dtype, device=tokens.device,
-                                bits=8 if storage == "int8" else 4, **cache_options)
-    store = torch.float16 if storage == "fp16" else torch.float32
-    return RoundedKVCache(cfg, batch, total, dtype=store, device=tokens.device)
-
-
-def _teacher_forced(model, tokens, prompt_len, cache):
-    """(logits of every prediction, attention outputs of all layers, the filled cache)."""
-    attn_out: list[list[torch.Tensor]] = [[] for _ in model.layers]
-    hooks = [layer.attn.register_forward_hook(lambda _m, _i, out, store=attn_out[i]: store.append(out))
-             for i, layer in enumerate(model.layers)]
-    try:
-        logits = [model(tokens[:, :prompt_len], cache=cache)]
-        logits += [model(tokens[:, t:t + 1], cache=cache) for t in range(prompt_len, tokens.shape[1])]
-    finally:
-        for h in hooks:
-            h.remove()
-    return (torch.cat(logits, dim=1)[:, :-1].float(),
-            torch.cat([torch.cat(a, dim=1) for a in attn_out], dim=-1).float(), cache)
-
-
-def _all_layers(cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of every layer as the model read them, concatenated along the channel dim."""
-    layers = [cache.read(i) for i in range(cache.config.n_layers)]
-    return (torch.cat([k.float() for k, _ in layers], dim=-1),
-            torch.cat([v.float() for _, v in layers], dim=-1))
+        return getattr(importlib.import_module(f"kvlab.{_MOVED[name]}"), name)
+    raise AttributeError(f"module 'kvlab.quant' has no attribute {name!r}")

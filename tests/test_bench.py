@@ -1,4 +1,5 @@
-"""A smoke run of kvlab.bench: medians, roofline arithmetic, result files. No timing thresholds."""
+"""A smoke run of kvlab.bench: medians, sweeps, result files, the command line. No timing thresholds.
+(The roofline arithmetic is kvlab.roofline's: tests/test_roofline.py.)"""
 
 import csv
 import json
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from kvlab import PRESETS, bench, memory
+from kvlab.bench import cli, report
 from kvlab.model import Transformer
 
 TINY = PRESETS["tiny-gqa"]
@@ -29,21 +31,6 @@ def test_time_interleaved_warms_up_and_repeats():
     assert calls[:2] == ["a", "b"] and calls[2:4] == ["b", "a"]  # the order rotates
     with pytest.raises(ValueError, match="repeats=0 must be >= 1"):
         bench.time_interleaved({"a": lambda: None}, repeats=0)
-
-
-def test_roofline_reproduces_the_published_bounds():
-    # REFERENCE.md: Llama-2-7B FP16, batch 1: T4 ≈ 24 tok/s, A100-80 ≈ 151, H100 ≈ 249.
-    cfg = PRESETS["llama-2-7b"]
-    bounds = {name: bench.roofline(cfg, memory.GPUS[name].bandwidth_bytes_per_s).tokens_per_s
-              for name in ("T4 16GB", "A100 80GB", "H100 80GB")}
-    assert round(bounds["T4 16GB"]) == 24
-    assert round(bounds["A100 80GB"]) == 151
-    assert round(bounds["H100 80GB"]) in (248, 249)
-    r = bench.roofline(cfg, 1e12, context=4096, batch_size=2)
-    assert r.bytes_per_step == memory.weight_bytes(cfg) + memory.kv_cache_bytes(cfg, 4096, 2)
-    assert r.tokens_per_s == pytest.approx(2 / r.seconds_per_step)
-    with pytest.raises(ValueError, match="bandwidth_bytes_per_s=0 must be > 0"):
-        bench.roofline(cfg, 0)
 
 
 def test_gpu_names_match_the_table():
@@ -76,7 +63,7 @@ def test_sweeps_and_files(tmp_path):
     assert 0 < roof[0]["fraction_of_bandwidth"] < 1
     result = {"machine": bench.machine("cpu"), "model": "tiny", "rows": rows + modes + batch + [mem] + roof,
               "notes": ["a note"], "args": "--quick"}
-    paths = bench.write_results(result, tmp_path, "cpu-test")
+    paths = report.write_results(result, tmp_path, "cpu-test")
     data = json.loads(paths["json"].read_text())
     assert data["machine"]["torch"] == torch.__version__ and len(data["rows"]) == len(result["rows"])
     with paths["csv"].open() as f:
@@ -101,9 +88,9 @@ def test_compare_hf_checks_tokens(tmp_path):
 
 
 def test_fast_modes_follow_the_device():
-    assert bench.fast_modes(torch.device("cpu")) == ["eager"]
-    assert bench.fast_modes(torch.device("cpu"), with_compile=True) == ["eager", "compile"]
-    assert bench.fast_modes(torch.device("cuda")) == ["eager", "graph"]
+    assert cli.fast_modes(torch.device("cpu")) == ["eager"]
+    assert cli.fast_modes(torch.device("cpu"), with_compile=True) == ["eager", "compile"]
+    assert cli.fast_modes(torch.device("cuda")) == ["eager", "graph"]
 
 
 def test_gpu_targets_are_judged_from_the_rows():
@@ -113,18 +100,18 @@ def test_gpu_targets_are_judged_from_the_rows():
     roof = {"sweep": "roofline", "method": "graph", "batch": 1, "fraction_of_bandwidth": 0.55}
     result = {"machine": {"device": "cuda", "gpu": "NVIDIA H200"},
               "rows": [row("kvlab fast eager", 0.7), row("kvlab fast graph", 1.3), roof]}
-    lines = bench.summary_markdown(result)
+    lines = report.summary_markdown(result)
     assert "best kvlab fast graph at 1.30× — met" in lines
     assert "graph reached 55% — NOT met" in lines
 
 
 def test_command_line_quick_run(tmp_path):
-    result = bench.main(["--quick", "--repeats", "1", "--sweeps", "memory", "--out", str(tmp_path),
+    result = cli.main(["--quick", "--repeats", "1", "--sweeps", "memory", "--out", str(tmp_path),
                          "--stem", "smoke", "--no-progress"])
     assert (tmp_path / "smoke.json").exists() and (tmp_path / "README.md").exists()
     assert result["rows"][0]["sweep"] == "memory"
     with pytest.raises(ValueError, match="unknown sweeps"):
-        bench.run(bench.parse_args(["--sweeps", "speed"]))
+        cli.run(cli.parse_args(["--sweeps", "speed"]))
 
 
 def test_fit_step_time_recovers_a_line():
@@ -134,10 +121,10 @@ def test_fit_step_time_recovers_a_line():
         bench.fit_step_time([8], [0.1])
 
 
-def test_count_ops_counts_dispatched_operations():
-    x = torch.ones(4)
-    assert bench.count_ops(lambda: x + 1) == 1
-    assert bench.count_ops(lambda: (x + 1) * 2 - x) == 3
+def test_op_counts_counts_dispatched_operations():
+    x = torch.ones(3)
+    assert bench.op_counts(lambda: x + 1) == {"total": 1, "views": 0, "launching": 1}
+    assert bench.op_counts(lambda: (x + 1) * 2 - x)["launching"] == 3
 
 
 def test_cpu_clock_and_bad_clock():
@@ -146,11 +133,18 @@ def test_cpu_clock_and_bad_clock():
         bench.time_call(lambda: None, "cpu", clock="gpu")
 
 
-def test_roofline_exercise_checker(capsys):
-    from kvlab import check
+def test_the_bandwidth_bound_config_is_25m_parameters_and_selectable():
+    from kvlab.bench.cli import parse_args
+    from kvlab.bench.sweeps import CPU_CONFIG_25M, HF_CONFIGS
 
-    bound = bench.roofline(PRESETS["llama-3-8b"], memory.GPUS["T4 16GB"].bandwidth_bytes_per_s).tokens_per_s
-    assert check.llama3_t4_roofline(bound)
-    assert not check.llama3_t4_roofline(None) and not check.llama3_t4_roofline(bound * 2)
-    assert not check.llama3_t4_roofline(1 / bound)
-    assert "seconds per token" in capsys.readouterr().out
+    assert 25e6 <= memory.param_count(CPU_CONFIG_25M) <= 30e6
+    assert (CPU_CONFIG_25M.n_layers, CPU_CONFIG_25M.d_model, CPU_CONFIG_25M.vocab_size) == (8, 512, 4096)
+    assert HF_CONFIGS[parse_args(["--compare-hf", "--hf-config", "25m"]).hf_config] is CPU_CONFIG_25M
+    assert parse_args([]).hf_config == "small"
+
+
+def test_matvec_bandwidth_is_a_plausible_rate():
+    from kvlab.bench.machine import matvec_bandwidth
+
+    rate = matvec_bandwidth("cpu", nbytes=8 * memory.MiB, repeats=3)
+    assert 1e8 < rate < 1e13  # bytes/s: between a slow disk and far beyond any CPU's memory bus

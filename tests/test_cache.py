@@ -76,14 +76,26 @@ def test_reset_forgets_positions_but_keeps_storage():
 def test_bad_layer_and_sizes_are_refused():
     with pytest.raises(IndexError, match=r"layer=2 out of range: the model has 2 layers \(0..1\)"):
         DynamicKVCache(CFG).update(2, *kv(1))
-    with pytest.raises(ValueError, match="max_seq_len=0 must be a positive integer"):
+    with pytest.raises(ValueError, match="max_seq_len=0 must be an integer >= 1"):
         StaticKVCache(CFG, 1, 0)
-    with pytest.raises(ValueError, match="batch_size=-1 must be a positive integer"):
+    with pytest.raises(ValueError, match="batch_size=-1 must be an integer >= 1"):
         StaticKVCache(CFG, -1, 8)
 
 
-def test_make_cache_by_name():
+def test_make_cache_builds_every_kind_by_name():
+    assert set(CACHE_KINDS) == {"dynamic", "static", "int8", "int4", "paged"}
     assert isinstance(make_cache("static", CFG, 1, 8), StaticKVCache)
-    assert {"dynamic", "static"} <= set(CACHE_KINDS)
+    assert isinstance(make_cache("dynamic", CFG, 1, 8), DynamicKVCache)
+    assert make_cache("int8", CFG, 1, 8).bits == 8 and make_cache("int4", CFG, 1, 8).bits == 4
+    assert type(make_cache("paged", CFG, 1, 8)).__name__ == "PagedKVCache"
+    for kind in CACHE_KINDS:
+        cache = make_cache(kind, CFG, 2, 8, dtype=torch.float64)
+        assert cache.lengths == [0] * CFG.n_layers and cache.seq_len == 0
+        k, v = (x.double() for x in kv(3, batch=2))
+        k_all, _ = cache.update(0, k, v)
+        assert cache.lengths == [3, 0] and k_all.shape == (2, CFG.n_kv_heads, 3, CFG.head_dim)
+        assert k_all.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"cache=\['static'\] is not a known cache kind"):
+        make_cache(["static"], CFG, 1, 8)
     with pytest.raises(ValueError, match="cache='huge' is not a known cache kind; allowed: None, 'dynamic'"):
         make_cache("huge", CFG, 1, 8)

@@ -5,7 +5,7 @@ notebooks agree with it, that the script is idempotent, and that the GPU chapter
 """
 
 import ast
-import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -13,19 +13,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from needs import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"kvlab_tools_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-colab = _load_tool("colab")
+colab = load_tool("colab")
 ids = [p.name for p in NOTEBOOKS]
 
 
@@ -110,8 +106,65 @@ def test_the_script_repairs_a_notebook_and_is_then_idempotent(tmp_path):
     assert colab.fix(path) is False and path.read_bytes() == before
 
 
+def test_the_script_moves_a_misplaced_set_up_cell_right_after_the_title(tmp_path):
+    setup = nbformat.v4.new_code_cell(colab.setup_source(), metadata={"tags": [colab.SETUP_TAG]})
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell(colab.badge("98_demo.ipynb") + "\n# 98 A title"),
+        nbformat.v4.new_markdown_cell("**Speaker notes**"), setup, nbformat.v4.new_code_cell("x = 1")])
+    path = tmp_path / "98_demo.ipynb"
+    nbformat.write(nb, path)
+    assert colab.fix(path) is True
+    cells = nbformat.read(path, as_version=4).cells
+    assert [c.source.split("\n")[0] for c in cells[2:]] == ["**Speaker notes**", "x = 1"]
+    assert cells[1].source == colab.setup_source() and cells[1].metadata["tags"] == [colab.SETUP_TAG]
+    assert sum(colab.SETUP_TAG in c.metadata.get("tags", []) for c in cells) == 1
+
+
 def test_the_gpu_chapter_says_how_to_switch_colab_to_a_gpu():
     gpu = [p for p in NOTEBOOKS if p.name.startswith("06_")]
     assert gpu, "chapter 06 (the GPU chapter) is missing"
     text = "\n".join(c.source for c in nbformat.read(gpu[0], as_version=4).cells if c.cell_type == "markdown")
     assert "Change runtime type" in text
+
+
+# --- a notebook opened alone (Colab): no path outside it, links absolute and at REPO --------------
+
+MD_LINK = re.compile(r"\]\(\s*([^)\s]+)")
+PROJECT_LINK = re.compile(r"https://([\w.-]+)\.github\.io/(kvlab[\w.-]*)|https://github\.com/([\w.-]+)/(kvlab[\w.-]*)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_code_cell_reads_a_path_outside_the_notebook(path):
+    cells = nbformat.read(path, as_version=4).cells
+    bad = [(i, line.strip()) for i, c in enumerate(cells) if c.cell_type == "code"
+           for line in c.source.splitlines() if "../" in line]
+    assert not bad, f"on Colab the notebook is alone, nothing lies beside it: {bad}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_links_are_absolute_and_repository_paths_are_links(path):
+    cells = nbformat.read(path, as_version=4).cells
+    relative = [(i, url) for i, c in enumerate(cells) if c.cell_type == "markdown"
+                for url in MD_LINK.findall(c.source) if not re.match(r"^(https?:|mailto:|#|data:)", url)]
+    assert not relative, (f"relative links break when the notebook is opened alone; use colab.site_url(…) "
+                          f"or colab.repo_url(…): {relative}")
+    bare = [(i, m) for i, c in enumerate(cells) if c.cell_type == "markdown"
+            for m in re.findall(r"`((?:docs|benchmarks|notebooks)/[^`]*)`", c.source)]
+    assert not bare, f"repository paths that do not exist beside a lone notebook; link them instead: {bare}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_links_to_the_course_site_and_repository_use_repo(path):
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+    owner, name = colab.REPO.lower().split("/")
+    stale = [m.group(0) for m in PROJECT_LINK.finditer(text)
+             if [g.lower() for g in m.groups() if g] != [owner, name]]
+    assert not stale, f"links to another repository than REPO={colab.REPO!r}: {stale}"
+
+
+def test_site_and_repository_urls_follow_repo():
+    owner, name = colab.REPO.split("/")
+    assert colab.site_url("docs/glossary.html") == f"https://{owner.lower()}.github.io/{name}/docs/glossary.html"
+    assert colab.repo_url() == f"https://github.com/{colab.REPO}"
+    assert colab.repo_url("benchmarks/") == f"https://github.com/{colab.REPO}/tree/{colab.BRANCH}/benchmarks"
+    assert colab.repo_url("docs/glossary.md") == f"https://github.com/{colab.REPO}/blob/{colab.BRANCH}/docs/glossary.md"

@@ -23,12 +23,12 @@ def test_kinds_of_attention():
     ({"n_heads": 12, "n_kv_heads": 5, "d_model": 96},
      "n_heads=12 is not divisible by n_kv_heads=5; allowed n_kv_heads: [1, 2, 3, 4, 6, 12]"),
     ({"head_dim": 15}, "head_dim=15 is odd; RoPE"),
-    ({"n_layers": 0}, "n_layers=0 must be a positive integer"),
-    ({"d_model": -64}, "d_model=-64 must be a positive integer"),
-    ({"vocab_size": 2.5}, "vocab_size=2.5 must be a positive integer"),
+    ({"n_layers": 0}, "n_layers=0 must be an integer >= 1"),
+    ({"d_model": -64}, "d_model=-64 must be an integer >= 1"),
+    ({"vocab_size": 2.5}, "vocab_size=2.5 must be an integer >= 1"),
     ({"d_model": 66}, "d_model=66 is not divisible by n_heads=4"),
-    ({"rope_theta": 0.0}, "rope_theta=0.0 must be > 0"),
-    ({"norm_eps": -1e-5}, "norm_eps=-1e-05 must be > 0"),
+    ({"rope_theta": 0.0}, "rope_theta=0.0 must be a number > 0"),
+    ({"norm_eps": -1e-5}, "norm_eps=-1e-05 must be a number > 0"),
 ])
 def test_bad_configs_name_the_value(changes, message):
     with pytest.raises(ValueError) as err:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from kvlab import env
@@ -42,3 +43,32 @@ def test_cpp_compiler_is_found_on_the_path_or_in_cxx(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "my-c++")
     assert env.cpp_compiler() == str(fake)
     assert env.report()["cpp_compiler"] == "my-c++"   # the name: no machine's paths in notebooks
+
+
+def test_setup_sets_the_cpu_threads_once_for_a_chapter(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(env.THREADS_VARIABLE, raising=False)
+    before = torch.get_num_threads()
+    try:
+        assert env.setup() == torch.device("cpu") and torch.get_num_threads() == env.DEFAULT_CPU_THREADS
+        env.setup(threads=2)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv(env.THREADS_VARIABLE, "3")   # a learner's machine-wide choice
+        env.setup()
+        assert torch.get_num_threads() == 3
+        env.setup(threads=1)                            # an explicit argument wins
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv(env.THREADS_VARIABLE, "many")
+        with pytest.raises(ValueError, match="KVLAB_THREADS='many' must be a whole number"):
+            env.setup()
+        with pytest.raises(ValueError, match="threads=0 must be an integer >= 1"):
+            env.setup(threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_setup_leaves_a_gpu_machine_s_threads_alone(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(env.THREADS_VARIABLE, raising=False)
+    before = torch.get_num_threads()
+    assert env.setup() == torch.device("cuda") and torch.get_num_threads() == before

@@ -5,8 +5,9 @@ import torch
 from needs import require
 
 from kvlab import PRESETS
-from kvlab.env import cpp_compiler
-from kvlab.fast import FastDecoder, fast_generate, make_step, pick_dtype
+from kvlab.cache import StaticKVCache
+from kvlab.env import cpp_compiler, half_dtype
+from kvlab.fast import FastDecoder, fast_generate, make_step
 from kvlab.generate import generate
 from kvlab.memory import kv_cache_bytes
 from kvlab.model import Transformer
@@ -81,7 +82,7 @@ def test_cache_bytes_match_the_formula_and_shape_is_fixed():
 
 def test_bad_input_is_refused_clearly(monkeypatch):
     model = model_for(CONFIGS["mha"])
-    with pytest.raises(ValueError, match="mode='turbo' is not known; allowed: eager, graph, compile"):
+    with pytest.raises(ValueError, match="mode='turbo' is not allowed; allowed: 'eager', 'graph', 'compile'"):
         make_step(FastDecoder(model, 1, 8), "turbo")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         make_step(FastDecoder(model, 1, 8), "graph")
@@ -92,16 +93,12 @@ def test_bad_input_is_refused_clearly(monkeypatch):
             make_step(FastDecoder(model, 1, 8), "compile")
     with pytest.raises(ValueError, match="max_seq_len=600 exceeds the model's max_seq_len=512"):
         FastDecoder(model, 1, 600)
-    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
+    with pytest.raises(ValueError, match="batch_size=0 must be an integer >= 1"):
         FastDecoder(model, 0, 8)
     with pytest.raises(ValueError, match="decoder holds batch 1 x 8 positions; this call needs batch 2 x 10"):
         fast_generate(model, torch.zeros(2, 4, dtype=torch.long), 6, decoder=FastDecoder(model, 1, 8))
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         fast_generate(model, [1, 2, 3], 0)
-
-
-def test_dtype_choice_is_fp32_on_the_cpu():
-    assert pick_dtype("cpu") == torch.float32
 
 
 def test_compiled_step_is_one_graph_reused_at_every_position():
@@ -130,9 +127,31 @@ def test_compiled_step_is_one_graph_reused_at_every_position():
 @pytest.mark.parametrize("mode", ["graph", "compile"])
 def test_gpu_modes_match_eager(mode):
     torch.manual_seed(0)
-    model = Transformer(CONFIGS["gqa"]).to("cuda", pick_dtype("cuda")).eval()
+    model = Transformer(CONFIGS["gqa"]).to("cuda", half_dtype(torch.device("cuda"))).eval()
     ids = torch.randint(0, 256, (2, 6), device="cuda")
     eager = fast_generate(model, ids, 16).tokens
     other = fast_generate(model, ids, 16, mode=mode).tokens
     # Half precision: kernels may round differently, so require most tokens to agree.
     assert (eager == other).float().mean() > 0.9
+
+
+def test_eos_stops_fast_generate_as_it_stops_generate():
+    model = model_for(CONFIGS["gqa"], seed=5)
+    ids = torch.randint(0, 256, (2, 4))
+    free = generate(model, ids, 16).tokens
+    eos = int(free[0, 4 + 3])
+    got = fast_generate(model, ids, 16, eos_token_id=eos).tokens
+    assert torch.equal(got, generate(model, ids, 16, eos_token_id=eos).tokens)
+    assert (got[0, 4 + 3:] == eos).all()
+
+
+def test_a_decoder_over_a_static_cache_writes_into_its_buffers():
+    model = model_for(CONFIGS["gqa"])
+    cache = StaticKVCache(model.config, 1, 32)
+    dec = FastDecoder(model, 1, 10, storage=cache)
+    with torch.inference_mode():
+        dec.step(torch.tensor([[1, 2, 3]]), torch.arange(3))
+    assert dec.k.data_ptr() == cache.k.data_ptr() and dec.k.shape[3] == 10
+    assert cache.k[:, :, :, :3].abs().sum() > 0 and cache.k[:, :, :, 3:].abs().sum() == 0
+    with pytest.raises(ValueError, match="need"):
+        FastDecoder(model, 2, 10, storage=cache)

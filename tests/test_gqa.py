@@ -1,11 +1,10 @@
 """MHA → GQA → MQA: repeat_kv, KV-head sharing in the model, mean-pooling conversion, cache bytes,
 and the GQA explorer's drawing function."""
 
-import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from kvlab import PRESETS, gqa, widgets
+from kvlab import PRESETS, gqa
 from kvlab.attention import attention, causal_mask, naive_attention, repeat_kv
 from kvlab.cache import StaticKVCache
 from kvlab.memory import kv_cache_bytes
@@ -160,114 +159,6 @@ def test_published_ratios_and_mla_equivalent():
     assert round(gqa.mha_ratio(ds)) == 57
     assert list(gqa.variants(PRESETS["llama-2-70b"])) == [
         "MHA (64 KV heads)", "GQA (8 KV heads)", "MQA (1 KV head)"]
-    assert list(gqa.variants(ds))[-1] == "MLA"
-
-
-# --- the explorer's drawing function --------------------------------------------------------
-
-def test_draw_gqa_default_reads_320_and_40_gib():
-    fig, text = widgets.draw_gqa()
-    plt.close(fig)
-    assert "320.00 GiB" in text and "40.00 GiB" in text and "8× smaller" in text
-    assert "64× smaller" in text  # MQA
-
-
-def test_draw_gqa_bars_say_what_the_readout_says():
-    # Llama-2-70B at 4,096 tokens: MHA 10 GiB, GQA-8 1.25 GiB, MQA 160 MiB (not "0.156 GiB").
-    fig, text = widgets.draw_gqa(seq_len=4096)
-    bar_labels = [t.get_text().split("\n")[0] for t in fig.axes[1].texts]
-    plt.close(fig)
-    assert bar_labels == ["10.00 GiB", "1.25 GiB", "160.00 MiB"]
-    assert all(label in text for label in bar_labels)
-
-
-@pytest.mark.parametrize("kw", [
-    dict(model="custom", n_heads=1, layers=1000, head_dim=1024, seq_len=2**20),
-    dict(model="custom", n_heads=256, n_kv_heads=256, layers=1, head_dim=2, seq_len=1),
-    dict(model="llama-3-8b", n_kv_heads=5, seq_len=128),
-    dict(model="custom", head_dim=7),
-    dict(model="deepseek-v2", seq_len=2**24, batch_size=1024, dtype="fp32"),
-    dict(model="smollm2-135m", n_kv_heads=3),
-])
-def test_draw_gqa_extreme_settings_never_raise(kw):
-    fig, text = widgets.draw_gqa(**kw)
-    plt.close(fig)
-    assert text
-
-
-def test_draw_gqa_explains_what_is_not_allowed():
-    fig, text = widgets.draw_gqa("llama-3-8b", n_kv_heads=5)
-    plt.close(fig)
-    assert "n_kv_heads=5 must divide n_heads=32; allowed: [1, 2, 4, 8, 16, 32]" in text
-    fig, text = widgets.draw_gqa("custom", head_dim=7)
-    plt.close(fig)
-    assert "head_dim=7 is odd" in text
-
-
-def test_draw_gqa_mla_bar_for_deepseek():
-    fig, text = widgets.draw_gqa("deepseek-v2")
-    plt.close(fig)
-    assert "MLA" in text and "2.25 KV heads" in text and "56.9× smaller" in text
-
-
-def test_draw_gqa_refuses_programming_errors():
-    with pytest.raises(ValueError, match="model='nope'"):
-        widgets.draw_gqa("nope")
-    with pytest.raises(ValueError, match="seq_len=0"):
-        widgets.draw_gqa(seq_len=0)
-
-
-def test_gqa_explorer_builds_and_keeps_kv_heads_divisors():
-    box = widgets.gqa_explorer()
-    controls = {c.description: c for c in _walk(box) if getattr(c, "description", "")}
-    assert {"model", "query heads", "KV heads", "layers", "head dim", "seq len"} <= set(controls)
-    controls["query heads"].value = 12
-    assert list(controls["KV heads"].options) == [1, 2, 3, 4, 6, 12]
-    assert controls["model"].value == "custom"
-    controls["model"].value = "qwen2.5-7b"
-    assert controls["query heads"].value == 28 and controls["KV heads"].value == 4
-    readout = next(c for c in _walk(box) if "kvlab-readout" in c._dom_classes)
-    _, expected = widgets.draw_gqa("qwen2.5-7b", 4, controls["seq len"].value, 28, 28, 128)
-    plt.close("all")
-    assert "qwen2.5-7b" in readout.value and "7× smaller" in readout.value
-    assert expected.splitlines()[1].strip() in readout.value
-
-
-def test_gqa_explorer_redraws_once_per_change(monkeypatch):
-    calls = []
-    real = widgets.draw_gqa
-
-    def counting(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(widgets, "draw_gqa", counting)
-    box = widgets.gqa_explorer()
-    controls = {c.description: c for c in _walk(box) if getattr(c, "description", "")}
-    calls.clear()
-    controls["model"].value = "deepseek-v2"   # sets layers, heads, head dim and KV heads at once
-    assert len(calls) == 1 and calls[0][:2] == ("deepseek-v2", 128)
-    calls.clear()
-    controls["query heads"].value = 12        # KV heads re-chosen, model becomes custom
-    assert len(calls) == 1 and calls[0][0] == "custom" and 12 % calls[0][1] == 0
-    plt.close("all")
-
-
-def _walk(widget):
-    yield widget
-    for child in getattr(widget, "children", ()):
-        yield from _walk(child)
-
-
-# --- the exercise checker -----------------------------------------------------------------------
-
-def test_kv_heads_for_budget_checker(capsys):
-    from kvlab import check
-
-    assert check.kv_heads_for_budget(8)
-    assert not check.kv_heads_for_budget(None)
-    assert not check.kv_heads_for_budget(16)
-    assert "over the 16 GiB budget" in capsys.readouterr().out
-    assert not check.kv_heads_for_budget(5)
-    assert "allowed: [1, 2, 4, 8, 16, 32]" in capsys.readouterr().out
-    assert not check.kv_heads_for_budget(4)
+    assert list(gqa.variants(ds))[-1] == "MLA (576-element latent)"
+    assert list(gqa.variants(PRESETS["llama-2-70b"].with_(n_heads=1, n_kv_heads=1, d_model=128))) == [
+        "MHA (1 KV head)"]  # one query head: its MHA is its MQA

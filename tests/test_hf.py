@@ -1,10 +1,15 @@
 """kvlab's model against transformers' on the same random weights (no download)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
+from kvlab import hf as hf_mod  # noqa: E402
 from kvlab.generate import generate  # noqa: E402
 from kvlab.hf import config_from_hf, from_hf  # noqa: E402
 
@@ -69,3 +74,127 @@ def test_unsupported_models_are_refused():
                                       rope_scaling={"rope_type": "linear", "factor": 2.0})
     with pytest.raises(ValueError, match="rope scaling 'linear' is not supported"):
         config_from_hf(scaled)
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+    (dict(mlp_bias=True), "mlp_bias=True is not supported"),
+    (dict(attention_bias=True), "attention_bias=True is not supported.*o_proj"),
+    (dict(rope_parameters=LLAMA3_ROPE), "rope scaling 'llama3' is not supported"),
+], ids=["hidden_act", "mlp_bias", "attention_bias", "rope_llama3"])
+def test_refusals_name_the_field_and_value(extra, message):
+    hf = random_hf("llama", 2, **extra)  # transformers runs each; kvlab must not pretend to
+    with pytest.raises(ValueError, match=message):
+        from_hf(hf)
+
+
+def test_swish_is_silu_and_accepted():
+    hf = random_hf("llama", 2, hidden_act="swish")
+    ids = torch.randint(0, 160, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(from_hf(hf)(ids), hf(ids).logits, rtol=0, atol=1e-4)
+
+
+def test_a_weight_without_a_place_is_refused_by_name():
+    hf = random_hf("llama", 2)
+    hf.model.layers[1].self_attn.o_proj.bias = torch.nn.Parameter(torch.ones(64))
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.o_proj\.bias"):
+        from_hf(hf)
+
+
+def test_head_dim_other_than_hidden_over_heads():
+    hf = random_hf("llama", 2, head_dim=32)  # 4 heads x 32 = 128 != hidden 64
+    ours = from_hf(hf)
+    assert ours.config.head_dim == 32
+    ids = torch.randint(0, 160, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, extra", [("mistral", dict(sliding_window=24)),
+                                         ("qwen2", dict(use_sliding_window=True, sliding_window=24,
+                                                        max_window_layers=0))])
+def test_sliding_window_caps_the_context_at_the_window(kind, extra):
+    hf = random_hf(kind, 2, **extra)
+    ours = from_hf(hf)
+    assert ours.config.max_seq_len == 24 and "sliding_window=24" in ours.config.source
+    ids = torch.randint(0, 160, (1, 24))  # a full window: still exactly full attention
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=0, atol=1e-4)
+        longer = torch.randint(0, 160, (1, 30))
+        assert not torch.allclose(hf(longer).logits[:, -1], hf_full_attention(kind, hf)(longer).logits[:, -1],
+                                  atol=1e-3)  # beyond the window transformers differs from full attention
+        with pytest.raises(ValueError, match="exceeds max_seq_len=24"):
+            ours(longer)
+
+
+def hf_full_attention(kind, hf):
+    config = hf.config.to_dict() | {"sliding_window": None, "use_sliding_window": False,
+                                    "layer_types": None}
+    twin = type(hf)(type(hf.config).from_dict(config)).eval()
+    twin.load_state_dict(hf.state_dict())
+    return twin
+
+
+def test_a_sliding_window_longer_than_the_context_changes_nothing():
+    hf = random_hf("mistral", 2, sliding_window=4096)  # larger than max_position_embeddings=256
+    assert from_hf(hf).config.max_seq_len == 256
+
+
+# --- loading a checkpoint folder (saved here, never downloaded) -------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return hf_mod.save_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", seed=3)
+
+
+def test_load_folder_matches_transformers(checkpoint):
+    ours, tokenizer = hf_mod.load(checkpoint)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    text = "The cache keeps every key and value. 缓存"
+    ids = torch.tensor([tokenizer.encode(text)])
+    assert tokenizer.decode(ids[0]) == text  # the checkpoint's own tokenizer, 中文 included
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), theirs(ids).logits, rtol=0, atol=1e-4)
+    assert theirs.generation_config.eos_token_id is None  # all 40 steps compared
+    expected = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                               do_sample=False, pad_token_id=0)
+    assert torch.equal(generate(ours, ids, 40, cache="static").tokens, expected)
+
+
+def test_load_dtype_and_bad_dtype(checkpoint):
+    ours, _ = hf_mod.load(checkpoint, dtype="bf16", device="cpu")
+    assert ours.embed.weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype='int3' is not allowed"):
+        hf_mod.load(checkpoint, dtype="int3")
+
+
+def test_course_model_follows_the_environment_variable(checkpoint, monkeypatch):
+    monkeypatch.setenv("KVLAB_REAL_MODEL", str(checkpoint))
+    assert hf_mod.course_model_name() == str(checkpoint)
+    ours, tokenizer, theirs = hf_mod.load_course_model(transformers_too=True)
+    assert ours.config.n_layers == theirs.config.num_hidden_layers == 2
+    monkeypatch.delenv("KVLAB_REAL_MODEL")
+    assert hf_mod.course_model_name() == hf_mod.COURSE_MODEL == "HuggingFaceTB/SmolLM2-135M"
+
+
+def test_missing_model_says_how_to_enable_it():
+    with pytest.raises(hf_mod.ModelUnavailableError, match="KVLAB_REAL_MODEL=/path/to/a/folder"):
+        hf_mod.load("kvlab-test/no-such-model", local_files_only=True)
+
+
+def test_offline_mode_fails_clearly_without_the_network(tmp_path):
+    # A fresh interpreter with HF_HUB_OFFLINE=1 and an empty cache: load() must not reach the hub.
+    code = ("from kvlab import hf\n"
+            "try:\n    hf.load_course_model()\n"
+            "except hf.ModelUnavailableError as e:\n    print('UNAVAILABLE', e)\n")
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    env.pop("KVLAB_REAL_MODEL", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.startswith("UNAVAILABLE could not load 'HuggingFaceTB/SmolLM2-135M'"), out.stderr
+    assert "run online once" in out.stdout

@@ -7,12 +7,14 @@ from kvlab import PRESETS
 from kvlab.cache import StaticKVCache
 from kvlab.config import PUBLISHED
 from kvlab.memory import (
+    CUDA_CONTEXT_BYTES,
     DTYPE_BITS,
     GB,
     GPUS,
     DoesNotFitError,
     GiB,
     MiB,
+    current_gpu,
     format_bytes,
     kv_bytes_per_token,
     kv_cache_bytes,
@@ -150,21 +152,29 @@ def test_static_cache_fp8_nbytes_equals_the_formula():
     assert StaticKVCache(config, 2, 16, dtype=fp8).nbytes == kv_cache_bytes(config, 16, 2, "fp8")
 
 
-def test_gpus_table():
+def test_gpus_table_holds_memory_as_cuda_reports_it():
     assert list(GPUS) == ["T4 16GB", "A100 40GB", "A100 80GB", "H100 80GB", "H200 141GB"]
-    assert [g.memory_bytes // GB for g in GPUS.values()] == [16, 40, 80, 80, 141]
-    assert round(GPUS["A100 80GB"].memory_bytes / GiB, 2) == 74.51  # sold in GB, used in GiB
+    # nvidia-smi totals (docs/references.md): GPU memory is binary, an "80GB" card shows 80 GiB
+    assert [g.nvidia_smi_mib for g in GPUS.values()] == [15_360, 40_960, 81_920, 81_559, 143_771]
+    # PyTorch's total_memory, the low end of the reported ranges, a little below nvidia-smi's total
+    assert [round(g.memory_bytes / GiB, 2) for g in GPUS.values()] == [14.56, 39.4, 79.15, 79.1, 139.8]
+    for g in GPUS.values():
+        assert 0.95 * g.nvidia_smi_mib * MiB < g.memory_bytes < g.nvidia_smi_mib * MiB
+    assert GPUS["A100 80GB"].memory_bytes > 79 * GiB > 80 * GB  # not 80 decimal GB = 74.5 GiB
 
 
 def test_plan_on_a100_80gb_for_llama_7b():
     p = plan(L7, "A100 80GB", 4096)
     assert p.fits and p.cache_bytes == 2 * GiB and p.weight_bytes == weight_bytes(L7)
-    assert p.free_for_cache == 80 * GB - weight_bytes(L7)
+    assert p.context_bytes == CUDA_CONTEXT_BYTES == GiB // 2
+    assert p.free_for_cache == GPUS["A100 80GB"].memory_bytes - GiB // 2 - weight_bytes(L7)
     assert p.max_context == p.free_for_cache // (512 * KiB)
-    assert p.max_batch == p.free_for_cache // (2 * GiB) == 30
+    assert p.max_batch == p.free_for_cache // (2 * GiB) == 33
     assert kv_cache_bytes(L7, p.max_context) <= p.free_for_cache < kv_cache_bytes(L7, p.max_context + 1)
-    assert not plan(L7, "A100 80GB", 131072).fits  # 64 GiB of cache + 12.55 GiB of weights
-    assert plan(L7, "A100 80GB", 131072).max_batch == 0
+    # One 128K conversation: 64 GiB of cache + 12.55 GiB of weights = 76.55 GiB < 78.65 GiB left.
+    assert plan(L7, "A100 80GB", 131072).fits and plan(L7, "A100 80GB", 131072).max_batch == 1
+    assert not plan(L7, "A100 80GB", 131072, 2).fits
+    assert plan(L7, "A100 80GB", 4096, context_bytes=0).free_for_cache == p.free_for_cache + GiB // 2
 
 
 def test_plan_batch_divides_the_context():
@@ -175,11 +185,45 @@ def test_plan_batch_divides_the_context():
 
 def test_plan_reserve_and_weight_dtype():
     p = plan(L70, "H200 141GB", 4096, reserve_fraction=0.1)
-    assert p.reserve_bytes == int(141 * GB * 0.1)
-    assert p.free_for_cache == 141 * GB - weight_bytes(L70) - p.reserve_bytes
-    assert p.total_bytes == p.weight_bytes + p.reserve_bytes + p.cache_bytes
+    h200 = GPUS["H200 141GB"].memory_bytes
+    assert p.reserve_bytes == int(h200 * 0.1)
+    assert p.free_for_cache == h200 - GiB // 2 - weight_bytes(L70) - p.reserve_bytes
+    assert p.total_bytes == p.context_bytes + p.weight_bytes + p.reserve_bytes + p.cache_bytes
     assert plan(L70, "A100 80GB", 4096).free_for_cache < 0  # fp16 70B weights alone: 128 GiB
     assert plan(L70, "A100 80GB", 4096, weight_dtype="int8").fits
+
+
+def test_plan_counts_half_bytes_per_token_in_int4():
+    # One layer, one latent element per token: 4 bits = half a byte a token, not 0 (which divided
+    # by zero) and 3 elements = 1.5 bytes, not 1 (which promised a context that does not fit).
+    one = PRESETS["tiny-mha"].with_(n_layers=1, kv_latent_dim=1)
+    three = one.with_(kv_latent_dim=3)
+    assert kv_bytes_per_token(one, "int4") == 0.5 and kv_bytes_per_token(three, "int4") == 1.5
+    assert kv_cache_bytes(three, 3, 1, "int4") == 5  # 4.5 bytes take 5
+    p = plan(three, "T4 16GB", 1000, dtype="int4")
+    assert p.max_context == p.free_for_cache * 8 // 12
+    assert kv_cache_bytes(three, p.max_context, 1, "int4") <= p.free_for_cache
+    assert plan(one, "T4 16GB", 1, dtype="int4").max_context == plan(one, "T4 16GB", 1).free_for_cache * 2
+
+
+def test_a_preset_name_works_where_a_config_is_expected():
+    assert kv_cache_bytes("llama-2-7b", 4096) == kv_cache_bytes(PRESETS["llama-2-7b"], 4096) == 2 * GiB
+    assert plan("llama-2-7b", "A100 80GB", 4096) == plan(PRESETS["llama-2-7b"], "A100 80GB", 4096)
+    assert param_count("LLaMA-2-7B") == param_count(PRESETS["llama-2-7b"])
+    with pytest.raises(ValueError, match="config='llama-9b' is not allowed; allowed: 'llama-7b'"):
+        kv_cache_bytes("llama-9b", 4096)
+    with pytest.raises(ValueError, match="config=42 is not a ModelConfig"):
+        kv_cache_bytes(42, 4096)
+
+
+def test_current_gpu_reads_cuda_or_says_there_is_none():
+    if torch.cuda.is_available():
+        g = current_gpu()
+        free, total = torch.cuda.mem_get_info()
+        assert g.memory_bytes == total and plan(L7, g, 1024).gpu is g
+    else:
+        with pytest.raises(ValueError, match="needs a CUDA GPU and none is available"):
+            current_gpu()
 
 
 def test_weights_alone_do_not_fit():
@@ -190,16 +234,18 @@ def test_weights_alone_do_not_fit():
 def test_require_fit_returns_the_plan_or_refuses_clearly():
     assert require_fit(L7, "A100 80GB", 4096) == plan(L7, "A100 80GB", 4096)
     with pytest.raises(DoesNotFitError) as err:
-        require_fit(L7, "A100 80GB", 131072)
+        require_fit(L7, "A100 80GB", 262144)
     msg = str(err.value)
-    for part in ("llama-7b", "seq_len=131,072", "64.00 GiB", "A100 80GB", "12.55 GiB of weights",
-                 "longest context at this batch: 126,882 tokens", "most sequences of this length: 0"):
+    for part in ("llama-7b", "seq_len=262,144", "128.00 GiB", "A100 80GB (79.15 GiB)",
+                 "CUDA context (0.50 GiB)", "12.55 GiB of weights", "longest context at this batch: "
+                 f"{plan(L7, 'A100 80GB', 1).max_context:,} tokens", "most sequences of this length: 0"):
         assert part in msg, (part, msg)
     assert isinstance(err.value, ValueError)
 
 
 def test_require_fit_refuses_when_the_weights_alone_do_not_fit():
-    with pytest.raises(DoesNotFitError, match=r"T4 16GB has 0\.00 GiB left after 755\.96 GiB"):
+    with pytest.raises(DoesNotFitError, match=r"T4 16GB \(14\.56 GiB\) has 0\.00 GiB left after "
+                                              r"the CUDA context \(0\.50 GiB\), 755\.96 GiB"):
         require_fit(PRESETS["llama-3.1-405b"], "T4 16GB", 128)
 
 
@@ -216,12 +262,18 @@ def test_bad_inputs_name_the_value(kwargs, message):
 
 
 def test_bad_plan_inputs():
-    with pytest.raises(ValueError, match=r"gpu='V100' is not in GPUS; allowed: T4 16GB, A100 40GB"):
+    with pytest.raises(ValueError, match=r"gpu='V100' is not allowed; allowed: 'T4 16GB', 'A100 40GB'"):
         plan(L7, "V100", 128)
     with pytest.raises(ValueError, match=r"reserve_fraction=1\.0 must be in \[0, 1\)"):
         plan(L7, "T4 16GB", 128, reserve_fraction=1.0)
     with pytest.raises(ValueError, match="dtype='int3'"):
         weight_bytes(L7, "int3")
+    with pytest.raises(ValueError, match="seq_len=0 must be an integer >= 1"):
+        plan(L7, "T4 16GB", 0)
+    with pytest.raises(ValueError, match=r"reserve_fraction=nan must be in \[0, 1\)"):
+        plan(L7, "T4 16GB", 128, reserve_fraction=float("nan"))
+    with pytest.raises(ValueError, match=r"dtype=\['fp16'\] is not supported"):
+        kv_cache_bytes(L7, 128, dtype=["fp16"])
 
 
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (512 * KiB, "512.00 KiB"),
@@ -235,21 +287,3 @@ def test_format_bytes(n, text):
 def test_format_bytes_refuses_non_numbers():
     with pytest.raises(ValueError, match="n='1 GiB' must be a number of bytes"):
         format_bytes("1 GiB")
-
-
-# The chapter 03 exercise: its checker agrees with kvlab.memory and names the usual slips.
-
-def test_cache_size_checker(capsys):
-    from kvlab import check
-
-    expected = kv_cache_bytes(PRESETS["qwen2.5-7b"], 32768, 8) / GiB
-    assert expected == 14
-    assert check.cache_size(14) and check.cache_size("14.0")
-    assert "✓" in capsys.readouterr().out
-    for wrong, hint in [(None, "answer with a number of GiB"), ("lots", "got 'lots'"),
-                        (7, "K alone"), (98, "use n_kv_heads, not n_heads"),
-                        (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
-                        (13, "PRESETS['qwen2.5-7b']")]:
-        assert bool(check.cache_size(wrong)) is False
-        assert hint in capsys.readouterr().out, wrong
-    assert check.cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8

@@ -142,8 +142,16 @@ def test_paged_cache_reset_returns_blocks_and_rejects_bad_input():
             PagedKVCache(cfg, 2, 16, **kwargs)
 
 
+def test_the_simulation_lives_in_fragmentation_and_is_reachable_from_paging():
+    from kvlab import fragmentation
+
+    assert paging.simulate is fragmentation.simulate and paging.POLICIES == fragmentation.POLICIES
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        paging.nothing  # noqa: B018
+
+
 def test_paged_is_a_registered_cache_kind():
-    assert CACHE_KINDS["paged"] is PagedKVCache
+    assert "paged" in CACHE_KINDS
     assert isinstance(make_cache("paged", PRESETS["tiny-mha"], 2, 10), PagedKVCache)
     assert kvlab.paging is paging
 
@@ -282,37 +290,3 @@ def test_simulation_rejects_bad_input(requests):
         simulate([0], [3])
     with pytest.raises(ValueError, match="exceeds max_len=100"):
         simulate([90], [20], max_len=100, capacity=1000)
-
-
-# --- the chapter's checkers and figures ----------------------------------------------------------
-
-def test_chapter_07_checkers(capsys):
-    from kvlab import check
-
-    assert check.paged_blocks((39, 14)) and check.paged_blocks([39, "14"])
-    assert not check.paged_blocks(None) and not check.paged_blocks((38, 22))
-    assert not check.paged_blocks((39, 0)) and not check.paged_blocks("39")
-    assert check.paged_blocks((2, 15), n_tokens=17, block_size=16)
-    assert check.paged_sequences_fit(93) and not check.paged_sequences_fit(32)
-    assert not check.paged_sequences_fit(None) and not check.paged_sequences_fit(94)
-    assert "round up" in capsys.readouterr().out
-
-
-def test_chapter_07_figures(requests):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from kvlab import plots
-
-    p, o = requests
-    res = {pol: simulate(p[:80], o[:80], pol, capacity=4 * 2048, layout_step=3) for pol in POLICIES}
-    figs = [plots.waste_breakdown(res),
-            plots.kv_memory_layout({"max": (res["max"].layout, 4 * 2048),
-                                    "paged": (res["paged"].layout, 4 * 2048, 16)}, width=256),
-            plots.concurrency_vs_memory([1e9, 8e10], {"max": 1e9, "paged": 2.5e8},
-                                        {"A100 80GB": 7e10}),
-            plots.block_size_tradeoff([1, 16, 256], [0.0, 0.02, 0.2], [500, 32, 2], [1e-3, 1e-4, 1e-5])]
-    assert all(isinstance(f, matplotlib.figure.Figure) for f in figs)
-    plt.close("all")

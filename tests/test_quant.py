@@ -1,8 +1,10 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from kvlab import PRESETS, quant
-from kvlab.cache import CACHE_KINDS, QuantizedKVCache, StaticKVCache, make_cache
+from kvlab import PRESETS, quality, quant
+from kvlab.cache import CACHE_KINDS, QuantizedKVCache, StaticKVCache, make_cache, quantized_cache_bytes
 from kvlab.generate import generate
 from kvlab.model import Transformer
 
@@ -171,9 +173,9 @@ def test_quantized_cache_has_the_cache_interface_and_errors():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(key_granularity="block"), "granularity='block' is not known"),
+    (dict(key_granularity="block"), "granularity='block' is not allowed"),
     (dict(bits=2), "bits=2 is not supported"),
-    (dict(group_size=0), "group_size=0 must be a positive integer"),
+    (dict(group_size=0), "group_size=0 must be an integer >= 1"),
     (dict(residual=-1), "residual=-1 must be an integer >= 0"),
 ])
 def test_quantized_cache_refuses_bad_options(kwargs, match):
@@ -238,118 +240,57 @@ def test_generate_accepts_cache_int8():
 @pytest.mark.parametrize("seq", [1, 100, 2048])
 def test_quantized_cache_bytes_formula_matches_the_cache(kwargs, seq):
     cache = QuantizedKVCache(CFG, 2, seq, dtype=torch.float16, **kwargs)
-    assert quant.quantized_cache_bytes(CFG, seq, 2, **kwargs) == cache.nbytes
+    assert quantized_cache_bytes(CFG, seq, 2, **kwargs) == cache.nbytes
 
 
 def test_measure_cache_error_is_zero_for_fp32_and_small_for_int8():
     torch.manual_seed(0)
     model = Transformer(CFG).eval()
     tokens = torch.randint(0, CFG.vocab_size, (2, 40))
-    exact = quant.measure_cache_error(model, tokens, 8, storage="fp32")
+    exact = quality.measure_cache_error(model, tokens, 8, storage="fp32")
     assert exact["k_relative_rms_error"] == 0 and exact["logits_max_abs_error"] == 0
     assert exact["top1_agreement"] == 1.0 and exact["loss_exact"] == exact["loss_quant"]
-    r8 = quant.measure_cache_error(model, tokens, 8, storage="int8")
-    r4 = quant.measure_cache_error(model, tokens, 8, storage="int4")
-    f16 = quant.measure_cache_error(model, tokens, 8, storage="fp16")
+    r8 = quality.measure_cache_error(model, tokens, 8, storage="int8")
+    r4 = quality.measure_cache_error(model, tokens, 8, storage="int4")
+    f16 = quality.measure_cache_error(model, tokens, 8, storage="fp16")
     assert 0 < f16["k_relative_rms_error"] < r8["k_relative_rms_error"] < 0.02 < r4["k_relative_rms_error"]
     assert r8["logits_relative_rms_error"] < r4["logits_relative_rms_error"]
-    with pytest.raises(ValueError, match="storage='int3' is not known"):
-        quant.measure_cache_error(model, tokens, 8, storage="int3")
+    with pytest.raises(ValueError, match="storage='int3' is not allowed"):
+        quality.measure_cache_error(model, tokens, 8, storage="int3")
     with pytest.raises(ValueError, match="only apply to int8 / int4"):
-        quant.measure_cache_error(model, tokens, 8, storage="fp16", group_size=4)
+        quality.measure_cache_error(model, tokens, 8, storage="fp16", group_size=4)
 
 
-# --- the explorer and the exercise --------------------------------------------------------------
-
-@pytest.mark.parametrize("args", [("int8", "kivi", 4096, "llama-2-7b"),
-                                  ("int4", "tensor", 512, "deepseek-v2"),
-                                  ("fp32", "token", 131072, "llama-3.1-405b"),
-                                  ("fp16", "channel", 1, "gpt2")])
-def test_draw_quant_at_extreme_settings(args):
-    import matplotlib.pyplot as plt
-
-    from kvlab import widgets
-
-    fig, text = widgets.draw_quant(*args)
-    assert fig.axes and "Measured on" in text and "greedy" in text
-    if args[3] == "deepseek-v2":
-        assert "MLA" in text
-    else:
-        assert "× FP16" in text
-    plt.close(fig)
+def test_compare_caches_labels_each_setting_and_counts_its_bytes():
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    tokens = torch.randint(0, CFG.vocab_size, (1, 24))
+    out = quality.compare_caches(model, tokens, 4, {"kivi": dict(storage="int8"),
+                                                    "per-token K": dict(storage="int8",
+                                                                        key_granularity="token")})
+    assert set(out) == {"kivi", "per-token K"}
+    assert out["kivi"]["cache_nbytes"] == quantized_cache_bytes(CFG, 24, window_bytes=4, scale_bytes=2)
+    assert out["kivi"]["tokens"] == 23 and 0 < out["kivi"]["top1_agreement"] <= 1
 
 
-def test_draw_quant_numbers_match_kvlab():
-    import matplotlib.pyplot as plt
-
-    from kvlab import memory, widgets
-
-    fig, text = widgets.draw_quant("int8", "kivi", 4096, "llama-2-7b")
-    plt.close(fig)
-    size = quant.quantized_cache_bytes(PRESETS["llama-2-7b"], 4096)
-    assert memory.format_bytes(size) in text
-    m = widgets.quant_measurement("int8", "kivi")
-    assert f"K {m['k_relative_rms_error']:.3%}" in text
-    assert widgets.quant_measurement("fp32", "tensor")["logits_relative_rms_error"] == 0
+def test_the_moved_names_are_still_reachable_from_quant():
+    # notebooks written before the move use quant.compare_caches and quant.quantized_cache_bytes
+    assert quant.compare_caches is quality.compare_caches and quant.STORAGE == quality.STORAGE
+    assert quant.measure_cache_error is quality.measure_cache_error
+    assert quant.quantized_cache_bytes is quantized_cache_bytes
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        quant.nothing  # noqa: B018
 
 
-def test_draw_quant_refuses_unknown_names():
-    from kvlab import widgets
+def test_the_layout_is_worked_out_once():
+    from kvlab.quant import quantized_layout
 
-    with pytest.raises(ValueError, match="dtype='int3' is not a choice"):
-        widgets.draw_quant("int3")
-    with pytest.raises(ValueError, match="scales='row' is not a choice"):
-        widgets.draw_quant("int8", "row")
-    with pytest.raises(ValueError, match="model='tiny' is not a choice"):
-        widgets.draw_quant("int8", "kivi", 4096, "tiny")
-    with pytest.raises(ValueError, match="seq_len=0"):
-        widgets.draw_quant("int8", "kivi", 0)
-
-
-def test_quant_explorer_controls_and_readout():
-    from kvlab import widgets
-
-    box = widgets.quant_explorer()
-    controls = {}
-
-    def walk(w):
-        for child in getattr(w, "children", ()):
-            walk(child)
-        if getattr(w, "description", ""):
-            controls[w.description] = w
-
-    walk(box)
-    assert {"cache dtype", "scales", "seq len", "model"} <= set(controls)
-    readouts = []
-
-    def find(w):
-        for child in getattr(w, "children", ()):
-            find(child)
-        if "kvlab-readout" in getattr(w, "_dom_classes", ()):
-            readouts.append(w)
-
-    find(box)
-    assert len(readouts) == 1
-    before = readouts[0].value
-    controls["cache dtype"].value = "fp16"
-    assert readouts[0].value != before and "fp16" in readouts[0].value
-
-
-def test_quantize_keys_exercise_checker():
-    from kvlab import check
-
-    def good(k):
-        s = k.abs().amax(0, keepdim=True) / 127
-        return torch.round(k / s).clamp(-127, 127).to(torch.int8), s
-
-    def per_token(k):
-        s = k.abs().amax(1, keepdim=True) / 127
-        return torch.round(k / s).to(torch.int8), s
-
-    def truncating(k):
-        s = k.abs().amax(0, keepdim=True) / 127
-        return (k / s).to(torch.int8), s
-
-    assert check.quantize_keys_per_channel(good)
-    for wrong in (None, 3, per_token, truncating, lambda k: 1 / 0):
-        assert not check.quantize_keys_per_channel(wrong)
+    layout = quantized_layout(CFG, 100, "channel", bits=4, group_size=32, residual=5)
+    assert (layout.width, layout.code_width, layout.n_blocks, layout.scale_width) == (64, 32, 4, 64)
+    assert layout.window_capacity == 5 + 31  # the residual window plus an unfinished block
+    cache = QuantizedKVCache(CFG, 1, 100, bits=4, residual=5)
+    assert cache.sides["k"].layout == layout
+    assert cache.sides["k"].codes.shape[-1] == layout.code_width
+    odd = SimpleNamespace(n_kv_heads=1, head_dim=3)  # no valid ModelConfig is odd (RoPE pairs)
+    with pytest.raises(ValueError, match="n_kv_heads × head_dim = 3 must be even"):
+        quantized_layout(odd, 8, "token", 4)

@@ -14,7 +14,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 spec = importlib.util.spec_from_file_location("kvlab_tools_student", ROOT / "tools" / "student.py")
 student = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(student)
-CHECK_CALL = re.compile(r"check\.(\w+)\(")
+CHECK_CALL = re.compile(r"\bch\d\d\.(\w+)\(")
 
 
 def _is_solution(cell) -> bool:
@@ -53,6 +53,8 @@ def test_every_exercise_checker_call_remains(path, copies):
     copy = nbformat.read(copies[path], as_version=4)
     solved = {name for c in original.cells if _is_solution(c) for name in CHECK_CALL.findall(c.source)}
     asked = {name for c in copy.cells for name in CHECK_CALL.findall(c.source)}
+    if any(map(_is_solution, original.cells)):
+        assert solved, "solution cells found, but none calls its chapter's checker (chNN.<checker>(…))"
     assert solved <= asked, f"exercises with a solution but no learner cell: {sorted(solved - asked)}"
     before = [c.source for c in original.cells if not _is_solution(c) and CHECK_CALL.search(c.source)]
     after = [c.source for c in copy.cells if CHECK_CALL.search(c.source)]

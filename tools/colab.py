@@ -2,7 +2,8 @@
 
 Run `python tools/colab.py` after creating a notebook or changing REPO: it makes cell 0 (the
 title, markdown) start with the "Open in Colab" badge and cell 1 the set-up cell, which installs
-kvlab only when the notebook runs on Colab. tests/test_colab.py checks that they agree.
+kvlab only when the notebook runs on Colab. tests/test_colab.py checks that they agree. The course
+website (tools/site.py) and the notebooks' links to it and to the repository use the same REPO.
 """
 
 import sys
@@ -13,6 +14,21 @@ import nbformat
 REPO = "kvlab-course/kvlab"  # GitHub owner/name: the one place the repository is named
 BRANCH = "main"
 SETUP_TAG = "colab-setup"
+
+
+def repo_url(path: str = "") -> str:
+    """A file or folder of the repository on GitHub ("" for the repository itself)."""
+    if not path:
+        return f"https://github.com/{REPO}"
+    kind = "tree" if path.endswith("/") else "blob"
+    return f"https://github.com/{REPO}/{kind}/{BRANCH}/{path.rstrip('/')}"
+
+
+def site_url(page: str = "") -> str:
+    """A page of the course website, which GitHub Pages serves for REPO (`make site` builds it):
+    site_url("docs/glossary.html")."""
+    owner, name = REPO.split("/")
+    return f"https://{owner.lower()}.github.io/{name}/{page}"
 
 
 def badge(notebook: str) -> str:
@@ -43,10 +59,11 @@ def fix(path: Path) -> bool:
         raise ValueError(f"{path}: cell 0 must be the markdown title cell")
     lines = [ln for ln in title.source.splitlines() if "colab-badge.svg" not in ln]
     title.source = "\n".join([badge(path.name), *lines]).strip()
-    setup = nb.cells[1] if len(nb.cells) > 1 else None
-    if setup is None or SETUP_TAG not in setup.metadata.get("tags", []):
-        setup = nbformat.v4.new_code_cell()
-        nb.cells.insert(1, setup)
+    # One set-up cell, right after the title: an existing one (wherever it is) moves there.
+    tagged = [c for c in nb.cells if SETUP_TAG in c.metadata.get("tags", [])]
+    setup = tagged[0] if tagged else nbformat.v4.new_code_cell()
+    nb.cells = [c for c in nb.cells if not any(c is t for t in tagged)]
+    nb.cells.insert(1, setup)
     setup.source = setup_source()
     setup.metadata.setdefault("tags", [SETUP_TAG])
     if nbformat.writes(nb) == before:

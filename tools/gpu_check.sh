@@ -36,7 +36,8 @@ else
 fi
 
 step "1/3 tests of the GPU paths"
-"$py" -m pytest -q -p no:cacheprovider tests/test_fast.py tests/test_bench.py tests/test_env.py
+"$py" -m pytest -q -p no:cacheprovider tests/test_fast.py tests/test_bench.py tests/test_roofline.py tests/test_env.py \
+    tests/course/test_ch06.py
 
 step "2/3 chapter 06's code cells"
 "$py" - notebooks/06_gpu_decoder.ipynb <<'PY'

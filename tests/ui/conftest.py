@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from needs import require
+from needs import CHROMIUM, browser_missing, require
 from uihelpers import NOTEBOOKS, REPO
 
-CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
 SERVER_START_TIMEOUT_S = 90
 
 
@@ -37,15 +36,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.ui)
 
 
-def browser_missing() -> str | None:
-    """Why the browser tests cannot run here, or None when they can."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "Python package playwright not installed — pip install -e '.[ui]'"
-    if not Path(CHROMIUM).is_file():
-        return f"{CHROMIUM} not found — apt-get install chromium"
-    return None
 
 
 def require_browser() -> None:

@@ -20,23 +20,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from uihelpers import (
-    NOTEBOOKS,
-    Explorer,
-    cells,
-    dom_error_report,
-    error_report,
-    explorer_notebooks,
-    explorers,
-    normalize,
-    open_notebook,
-    run_all,
-    wait_widgets_rendered,
-)
+import uihelpers as ui
+from uihelpers import NOTEBOOKS, Explorer, normalize
 
 pytestmark = pytest.mark.ui
 
-NOTEBOOK_PATHS = explorer_notebooks(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
+NOTEBOOK_PATHS = ui.explorer_notebooks(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
 NOTEBOOK_PARAMS = [pytest.param(p, id=p.stem) for p in NOTEBOOK_PATHS] or [pytest.param(
     None, id="none", marks=pytest.mark.skip(reason=f"no notebook in {NOTEBOOKS} calls an …_explorer( yet"))]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -54,7 +43,7 @@ def _draw_text(result) -> str:
 
 
 def _memory(s: dict) -> str:
-    from kvlab.widgets import draw_memory
+    from kvlab.course.ch03_cache_memory import draw_memory
 
     custom = s["model"] == "custom"
     shape = (s["layers"], s["KV heads"], s["head dim"]) if custom else (None, None, None)
@@ -62,14 +51,14 @@ def _memory(s: dict) -> str:
 
 
 def _gqa(s: dict) -> str:
-    from kvlab.widgets import draw_gqa
+    from kvlab.course.ch04_mha_gqa_mqa import draw_gqa
 
     return _draw_text(draw_gqa(s["model"], s["KV heads"], s["seq len"], s["query heads"], s["layers"],
                                s["head dim"]))
 
 
 def _quant(s: dict) -> str:
-    from kvlab.widgets import draw_quant
+    from kvlab.course.ch05_int8_kv_cache import draw_quant
 
     return _draw_text(draw_quant(s["cache dtype"], s["scales"], s["seq len"], s["model"]))
 
@@ -93,6 +82,21 @@ def html_text(markup: str) -> str:
     return html.unescape("".join(parser.parts))
 
 
+def explorer_function(name: str):
+    """The explorer function `name` from the chapter module that defines it (kvlab.course.chNN_…)."""
+    import importlib
+    import pkgutil
+
+    import kvlab.course
+
+    for info in pkgutil.iter_modules(kvlab.course.__path__):
+        if re.fullmatch(r"ch\d\d_\w+", info.name):
+            module = importlib.import_module(f"kvlab.course.{info.name}")
+            if callable(getattr(module, name, None)):
+                return getattr(module, name)
+    raise LookupError(f"no kvlab.course chapter module defines {name}()")
+
+
 class Twin:
     """The same explorer built in this process: it types the UI's settings (labels -> values) and,
     for an explorer READOUTS does not know yet, computes the readout through its own controls."""
@@ -100,11 +104,9 @@ class Twin:
     def __init__(self, name: str) -> None:
         import ipywidgets as w
 
-        import kvlab.widgets
-
         self.name = name
         with contextlib.redirect_stdout(io.StringIO()):  # its first draw, outside a notebook
-            self.root = getattr(kvlab.widgets, name)()
+            self.root = explorer_function(name)()
         # every control with a description, by description (the readout HTML has none)
         self.controls = {x.description: x for x in _walk(self.root)
                          if isinstance(x, w.ValueWidget) and getattr(x, "description", "")}
@@ -229,15 +231,15 @@ def exercise(explorer: Explorer, twin: Twin, shots: Path, prefix: str) -> list[s
 
 def run_and_check(page, url: str) -> list[dict]:
     """Open a notebook, run all cells, and check there is no error and every widget renders."""
-    open_notebook(page, url)
-    run_all(page)
-    all_cells = cells(page)
-    errors = error_report(all_cells) or dom_error_report(page)
+    ui.open_notebook(page, url)
+    ui.run_all(page)
+    all_cells = ui.cells(page)
+    errors = ui.error_report(all_cells) or ui.dom_error_report(page)
     if errors:
         pytest.fail("cells show errors:\n" + "\n\n".join(errors), pytrace=False)
     views = sum(WIDGET_MIME in o["mimes"] for c in all_cells for o in c["outputs"])
     assert views, "the notebook calls an explorer but shows no widget"
-    bad = wait_widgets_rendered(page, views)
+    bad = ui.wait_widgets_rendered(page, views)
     if bad:
         pytest.fail("widgets not displayed:\n" + "\n".join(bad), pytrace=False)
     return all_cells
@@ -250,7 +252,7 @@ def test_explorers_in_jupyterlab(lab_server, page, screenshot_dir, notebook):
     all_cells = run_and_check(page, f"{lab_server.url}/lab/tree/{notebook.name}?reset")
     print(f"{notebook.name}: opened and ran in {time.monotonic() - start:.0f} s")
     page.screenshot(path=screenshot_dir / f"{notebook.stem}-lab.png", full_page=True)
-    found = explorers(page, all_cells)
+    found = ui.explorers(page, all_cells)
     assert found, f"{notebook.name}: no explorer output found"
     for i, explorer in enumerate(found):
         start = time.monotonic()
@@ -265,7 +267,7 @@ def test_explorer_in_notebook7(lab_server, page, screenshot_dir):
         pytest.skip(f"no notebook in {NOTEBOOKS} calls an …_explorer( yet")
     notebook = next((p for p in NOTEBOOK_PATHS if p.name.startswith("03_")), NOTEBOOK_PATHS[0])
     all_cells = run_and_check(page, f"{lab_server.url}/notebooks/{notebook.name}")
-    explorer = explorers(page, all_cells)[0]
+    explorer = ui.explorers(page, all_cells)[0]
     explorer.wait_ready()
     twin = Twin(explorer.name)
     shown = explorer.settings()

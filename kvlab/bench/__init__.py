@@ -1,0 +1,40 @@
+"""Benchmarks done right: `python -m kvlab.bench [--compare-hf]`.
+
+Timing rules: run each thing once to warm up (lazy initialisation, caches, CUDA graph capture),
+then several times, and quote the **median**. On a GPU, work is queued asynchronously: a timer
+read right after a call measures how fast Python *queued* the kernels, not how fast the GPU ran
+them, so every timed call is bracketed by CUDA events and synchronized. When two things are
+compared (kvlab against `transformers`), their runs are interleaved in one process, so a busy
+machine slows both alike.
+
+The package, one job a module; the names below are importable from `kvlab.bench` itself:
+- `timing`: `time_call`, `time_interleaved`, `median`, `op_counts`, `fit_step_time`;
+- `machine`: what a run was measured on, and the bandwidth it runs against;
+- `sweeps`: naive vs cached decoding across lengths, the fixed-shape step eager vs CUDA-graphed /
+  compiled, batch size, cache memory measured vs `kvlab.memory`'s formula, and the achieved share of
+  the bandwidth roofline (`kvlab.roofline` holds the theory);
+- `compare`: `compare_hf`, the same random weights in `transformers` and in kvlab, side by side;
+- `report`: result files `benchmarks/<device>-<date>.json|.csv|.md` and the index `benchmarks/README.md`;
+- `cli`: the command line (`python -m kvlab.bench --help`).
+"""
+
+from .compare import compare_hf, hf_twin
+from .machine import copy_bandwidth, cpu_name, device_bandwidth, machine, match_gpu
+from .sweeps import (
+    CPU_CONFIG,
+    GPU_CONFIG,
+    TORCH_DTYPE_NAMES,
+    memory_check,
+    random_model,
+    random_prompt,
+    roofline_rows,
+    sweep_batch,
+    sweep_lengths,
+    sweep_modes,
+)
+from .timing import CLOCKS, fit_step_time, median, op_counts, time_call, time_interleaved
+
+__all__ = ["CLOCKS", "CPU_CONFIG", "GPU_CONFIG", "TORCH_DTYPE_NAMES", "compare_hf", "copy_bandwidth",
+           "cpu_name", "device_bandwidth", "fit_step_time", "hf_twin", "machine", "match_gpu",
+           "median", "memory_check", "op_counts", "random_model", "random_prompt", "roofline_rows",
+           "sweep_batch", "sweep_lengths", "sweep_modes", "time_call", "time_interleaved"]

@@ -1,0 +1,343 @@
+"""Chapter 02, The KV cache: prefill and decode, the cached decoder's per-step time and speed-up,
+growing vs pre-allocated storage, step time against context length, the cost bars (reused by
+chapter 06), the position offset of a chunked prefill, and the two exercises (decode step, chunk
+positions and mask)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from .style import CACHED_FACE, MODEL_FACE, NEW_FACE, PROMPT_FACE, Verdict, arrow, box, new_figure, report
+
+
+def prefill_decode(prompt_len: int = 4, decode_steps: int = 3):
+    """Prefill (all prompt tokens in parallel fill the cache) and decode (one token a step:
+    its Q, K, V; append K, V; attend Q over the cache; pick the next token; repeat)."""
+    if prompt_len < 1 or decode_steps < 1:
+        raise ValueError(f"prompt_len={prompt_len} and decode_steps={decode_steps} must be >= 1")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained",
+                                   gridspec_kw={"width_ratios": [1, 1.25]})
+    for ax in (ax1, ax2):
+        ax.set_xlim(0, 10)
+        ax.set_ylim(0, 7)
+        ax.axis("off")
+    # Prefill: the prompt row goes through the model at once; every K, V lands in the cache.
+    ax1.set_title("Prefill: the whole prompt at once, in parallel", fontsize=10)
+    n = prompt_len
+    cw = 8.6 / n
+    for i in range(n):
+        box(ax1, 0.7 + i * cw, 5.6, cw * 0.9, 0.8, f"t{i + 1}", PROMPT_FACE)
+        arrow(ax1, (0.7 + i * cw + cw * 0.45, 5.55), (0.7 + i * cw + cw * 0.45, 4.45))
+    box(ax1, 0.7, 3.4, 8.6 - cw * 0.1, 1.0, f"model: Q, K, V for all {n} tokens\n"
+        f"in one matrix product per layer", MODEL_FACE)
+    arrow(ax1, (5.0, 3.35), (5.0, 2.25))
+    for i in range(n):
+        box(ax1, 0.7 + i * cw, 1.2, cw * 0.9, 1.0, f"K{i + 1}\nV{i + 1}", CACHED_FACE)
+    ax1.text(5.0, 0.6, f"KV cache after prefill: {n} positions (every layer, every KV head)",
+             ha="center", fontsize=9)
+    arrow(ax1, (9.35, 3.9), (9.9, 3.9), color="#C0504D")
+    ax1.text(9.7, 4.15, "first\ntoken", fontsize=8, color="#C0504D", ha="center")
+    # Decode: one token per step.
+    ax2.set_title("Decode: one new token per step, in a loop", fontsize=10)
+    total = n + decode_steps
+    box(ax2, 0.2, 5.6, 1.4, 0.8, "new token", NEW_FACE, edge="#C0504D")
+    arrow(ax2, (1.65, 6.0), (2.35, 6.0))
+    box(ax2, 2.4, 5.6, 2.6, 0.8, "its Q, K, V\n(one row each)", MODEL_FACE)
+    slots = total + 1
+    sw = 3.8 / slots
+    for i in range(total):
+        face = CACHED_FACE if i < n else ("#7FB3E0" if i == total - 1 else CACHED_FACE)
+        label = f"{i + 1}" if slots <= 12 else ""
+        box(ax2, 6.0 + i * sw, 3.9, sw * 0.9, 1.0, label, face, fontsize=7)
+    arrow(ax2, (5.05, 6.0), (6.0 + (total - 0.55) * sw, 4.95), color="#4C72B0", rad=-0.2)
+    ax2.text(7.4, 6.1, "append its K, V", fontsize=8, color="#4C72B0")
+    ax2.text(6.0, 5.1, f"KV cache: {n} prefilled + {decode_steps} decoded",
+             ha="left", fontsize=8, color="#4C72B0")
+    arrow(ax2, (3.7, 5.55), (3.7, 3.45))
+    ax2.text(3.8, 4.6, "Q of the new token", fontsize=8)
+    box(ax2, 2.0, 2.4, 5.4, 1.0, "softmax(Q_new · K_cacheᵀ / √d) · V_cache\nattention over every "
+        "cached position", "#E2F0D9")
+    arrow(ax2, (6.0 + total * sw / 2, 3.85), (6.6, 3.45), color="#4C72B0")
+    ax2.text(6.0 + total * sw / 2 + 0.1, 3.55, "all cached K, V", fontsize=8, color="#4C72B0")
+    arrow(ax2, (4.7, 2.35), (4.7, 1.45))
+    box(ax2, 3.6, 0.6, 2.2, 0.8, "next token", NEW_FACE, edge="#C0504D")
+    arrow(ax2, (3.55, 1.0), (0.9, 5.55), color="#C0504D", rad=-0.3)
+    ax2.text(0.3, 2.4, "repeat until\ndone", fontsize=8, color="#C0504D")
+    return fig
+
+
+def speedup_vs_tokens(n_tokens, speedups, rows_ratio=None):
+    """Measured total speed-up of the cached decoder over the naive one vs tokens generated,
+    with, if given, the ratio of K/V rows computed (the work the cache removes)."""
+    fig, ax = new_figure(6.0, 3.8)
+    ax.plot(n_tokens, speedups, "o-", color="#4C72B0", label="measured speed-up (time)")
+    if rows_ratio is not None:
+        ax.plot(n_tokens, rows_ratio, "s--", color="gray", alpha=0.8,
+                label="K/V rows: naive ÷ cached")
+    ax.axhline(1, color="black", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(n_tokens), [str(n) for n in n_tokens])
+    ax.set_xlabel("tokens generated, N")
+    ax.set_ylabel("naive ÷ cached (log scale)")
+    ax.set_title("The longer the generation, the more the cache saves", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def copy_cost(seq_lens, copied: dict, allocations: dict | None = None):
+    """Bytes written into cache storage (left) and allocations (right) vs sequence length, for
+    each cache kind: concatenation grows like S², pre-allocation like S."""
+    import numpy as np
+
+    ncols = 2 if allocations else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 3.8), layout="constrained")
+    axes = np.atleast_1d(axes)
+    colors = ["#C44E52", "#4C72B0", "#55A868"]
+    for (label, values), color in zip(copied.items(), colors, strict=False):
+        axes[0].plot(seq_lens, np.asarray(values) / 2**20, "o-", ms=3.5, color=color, label=label)
+    axes[0].set_ylabel("bytes written into the cache (MiB)")
+    axes[0].set_title("Copying: concatenation rewrites the whole cache", fontsize=10)
+    if allocations:
+        for (label, values), color in zip(allocations.items(), colors, strict=False):
+            axes[1].plot(seq_lens, values, "o-", ms=3.5, color=color, label=label)
+        axes[1].set_ylabel("tensors allocated")
+        axes[1].set_title("Allocations", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("sequence length S (tokens)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def step_time_vs_context(contexts, seconds: dict, read_bytes=None):
+    """Log-log: measured time of one cached decode step against the positions in the cache, one
+    line per cache kind; with read_bytes, the K/V bytes the step reads (scaled to meet the first
+    series at the longest context), the part of the step that grows."""
+    import numpy as np
+
+    fig, ax = new_figure(6.0, 3.8)
+    colors = ["#4C72B0", "#C44E52", "#55A868"]
+    for (label, values), color in zip(seconds.items(), colors, strict=False):
+        ax.plot(contexts, np.asarray(values) * 1e3, "o-", color=color, label=label)
+    if read_bytes is not None:
+        first = np.asarray(next(iter(seconds.values())), dtype=float)
+        scaled = np.asarray(read_bytes, dtype=float) / read_bytes[-1] * first[-1] * 1e3
+        ax.plot(contexts, scaled, "--", color="gray", label="K/V bytes read (scaled)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("positions in the cache, S")
+    ax.set_ylabel("time of one decode step (ms, log scale)")
+    ax.set_title("A cached step is flat only while the cache is small", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def offset_mask(start: int, length: int, mask=None):
+    """The attention mask of a chunk of `length` tokens fed after `start` cached ones: rows are the
+    chunk's queries (their RoPE positions start … start + length − 1), columns every key, cached
+    and new. True (dark) where the query may look. `mask` defaults to the right one."""
+    import numpy as np
+
+    from ..attention import causal_mask
+    from ..validate import integer
+
+    start, length = integer("start", start, low=0), integer("length", length)
+    mask = causal_mask(length, start + length) if mask is None else mask
+    fig, ax = new_figure(min(9.0, 2.0 + 0.42 * (start + length)), 1.4 + 0.42 * length)
+    ax.imshow(np.asarray(mask, dtype=float), cmap="Blues", vmin=-0.25, vmax=1.1, aspect="equal")
+    ax.set_xticks(np.arange(start + length + 1) - 0.5, minor=True)  # white lines between the cells
+    ax.set_yticks(np.arange(length + 1) - 0.5, minor=True)
+    ax.grid(False)
+    ax.grid(which="minor", color="white", lw=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.axvline(start - 0.5, color="#C0504D", lw=2.5)
+    ax.set_xticks(range(start + length), [str(i) for i in range(start + length)], fontsize=8)
+    ax.set_yticks(range(length), [str(start + i) for i in range(length)], fontsize=8)
+    ax.set_xlabel("key position (left of the red line: already in the cache)")
+    ax.set_ylabel("query position")
+    ax.set_title(f"Chunk of {length} after {start} cached: mask ({length}, {start + length}); "
+                 "dark = may look", fontsize=10)
+    return fig
+
+
+def cost_bars(labels, values, ylabel: str, title: str = "", fmt: str = "{:,.0f}"):
+    """One bar per variant, its value written on top (e.g. naive / K-only cache / KV cache)."""
+    fig, ax = new_figure(6.0, 3.6)
+    colors = ["#C44E52", "#DD8452", "#4C72B0", "#55A868"]
+    bars = ax.bar(list(labels), list(values), color=colors[:len(labels)])
+    for bar, value in zip(bars, values, strict=True):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), fmt.format(value),
+                ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.margins(y=0.15)
+    return fig
+
+
+# ---- exercise: the decode step of one attention layer -------------------------------------------
+
+
+def decode_step(fn) -> Verdict:
+    """Ch 02: `fn(q_new, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`, the decode step
+    of one attention layer, compared with kvlab's cache and attention on random inputs.
+
+    Shapes: q_new (B, H, 1, D); k_new, v_new (B, H, 1, D); caches (B, H, S, D), S may be 0;
+    out (B, H, 1, D); the returned caches hold S + 1 positions.
+    """
+    import math
+
+    import torch
+
+    from ..attention import naive_attention
+    from ..cache import DynamicKVCache
+    from ..config import ModelConfig
+
+    if not callable(fn):
+        return report(False, "", "pass your function itself: ch02.decode_step(decode_step).")
+    gen = torch.Generator().manual_seed(0)
+    for batch, heads, cached, dim in [(1, 2, 5, 8), (2, 4, 11, 16), (1, 1, 0, 4)]:
+        q, k, v = (torch.randn(batch, heads, 1, dim, generator=gen) for _ in range(3))
+        kc, vc = (torch.randn(batch, heads, cached, dim, generator=gen) for _ in range(2))
+        cache = DynamicKVCache(ModelConfig(n_layers=1, d_model=heads * dim, n_heads=heads,
+                                           n_kv_heads=heads, d_ff=8, vocab_size=2, max_seq_len=64))
+        if cached:
+            cache.update(0, kc, vc)
+        k_all, v_all = cache.update(0, k, v)
+        want = naive_attention(q, k_all, v_all)
+        try:
+            result = fn(q.clone(), k.clone(), v.clone(), kc.clone(), vc.clone())
+        except Exception as exc:  # report the learner's error instead of raising it
+            return report(False, "", f"your function raised {type(exc).__name__}: {exc}")
+        if not isinstance(result, (tuple, list)) or len(result) != 3:
+            return report(False, "", "return three things: (out, k_cache, v_cache).")
+        out, k_new_cache, v_new_cache = result
+        if not all(isinstance(t, torch.Tensor) for t in result):
+            return report(False, "", "out, k_cache and v_cache must all be tensors.")
+        wrong = [t for t in result if t.dtype != q.dtype or t.device != q.device]
+        if wrong:
+            return report(False, "", f"keep the inputs' dtype and device ({q.dtype} on {q.device}): got "
+                          f"{wrong[0].dtype} on {wrong[0].device}; a float64 value (e.g. from numpy) in "
+                          "the arithmetic changes the dtype.")
+        if k_new_cache.shape != k_all.shape or v_new_cache.shape != v_all.shape:
+            return report(False, "", f"the caches should grow by one position along dim 2: "
+                          f"expected {tuple(k_all.shape)}, got {tuple(k_new_cache.shape)}; use "
+                          "torch.cat([k_cache, k_new], dim=2).")
+        if not (torch.equal(k_new_cache, k_all) and torch.equal(v_new_cache, v_all)):
+            return report(False, "", "append the new K and V at the end of the caches (old "
+                          "positions first, the new one last), K to K and V to V.")
+        if out.shape != want.shape:
+            return report(False, "", f"out should have the shape of q_new, {tuple(want.shape)}; "
+                          f"got {tuple(out.shape)}.")
+        if not torch.allclose(out, want, atol=1e-5, rtol=1e-5):
+            unscaled = torch.softmax(q @ k_all.transpose(-2, -1), -1) @ v_all
+            if torch.allclose(out, unscaled, atol=1e-5):
+                hint = f"scale the scores by 1/√d (here 1/√{dim} = {1 / math.sqrt(dim):.3f})."
+            else:
+                hint = ("attend with the new query over the whole updated cache: "
+                        "softmax(q_new @ k_cacheᵀ / √d) @ v_cache, softmax over the last dimension.")
+            return report(False, "", hint)
+    return report(True, "Your decode step matches kvlab's cache + attention on random inputs.", "")
+
+
+# ---- exercise: the positions and mask of a prefill chunk ----------------------------------------
+
+
+CHUNK_CASES = [(0, 4), (5, 3), (8, 1), (3, 6)]  # (start, length): cached positions, chunk length
+
+
+def chunk_prefill(fn) -> Verdict:
+    """Ch 02: `fn(start, length) -> (positions, mask)` for a chunk of `length` tokens fed after `start`
+    cached ones: the chunk's RoPE positions, a 1-D integer tensor (length,), and its attention mask,
+    a bool tensor (length, start + length), True where a query may look at a key."""
+    import torch
+
+    from ..attention import causal_mask
+
+    if not callable(fn):
+        return report(False, "", "pass your function itself: ch02.chunk_prefill(chunk_inputs).")
+    for start, length in CHUNK_CASES:
+        want_pos, want_mask = torch.arange(start, start + length), causal_mask(length, start + length)
+        try:
+            result = fn(start, length)
+        except Exception as exc:  # report the learner's error instead of raising it
+            return report(False, "", f"your function raised {type(exc).__name__}: {exc}")
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            return report(False, "", "return two things: (positions, mask).")
+        positions, mask = result
+        if mask is None:
+            return report(False, "", "return a mask even when every entry is True: for length 1 it is one "
+                          "row of start + 1 Trues (kvlab's model skips it on the decode path; the "
+                          "exercise asks for it).")
+        if not isinstance(positions, torch.Tensor) or not isinstance(mask, torch.Tensor):
+            return report(False, "", "positions and mask must both be tensors (torch.arange, "
+                          "kvlab.attention.causal_mask or a comparison of two aranges).")
+        try:
+            hint = _position_hint(positions, want_pos, start, length) or _mask_hint(mask, want_mask, start,
+                                                                                     length)
+        except Exception as exc:  # sparse, meta or other unusual tensors: a hint, never a traceback
+            return report(False, "", f"could not compare your tensors ({type(exc).__name__}); return "
+                          "ordinary dense tensors on the CPU or the model's device.")
+        if hint:
+            return report(False, "", hint)
+    return report(True, "Right: the chunk's positions continue after the cache, and each of its "
+                  "tokens sees every cached position, the chunk up to itself, and nothing later.", "")
+
+
+def _position_hint(positions, want, start: int, length: int) -> str:
+    """A hint about the RoPE positions, or '' when they are right."""
+    import torch
+
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        return f"positions should be integers (e.g. torch.arange); got dtype {positions.dtype}."
+    if positions.shape != want.shape:
+        return (f"positions should hold one entry per chunk token, shape ({length},); got "
+                f"{tuple(positions.shape)}.")
+    if torch.equal(positions.cpu(), want - start) and start:
+        return (f"the positions restart at 0, as if the chunk were the whole sequence: after {start} "
+                f"cached tokens the chunk sits at positions {start} … {start + length - 1}, and RoPE "
+                "must rotate its Q and K by those (the classic cache bug).")
+    if not torch.equal(positions.cpu(), want):
+        return (f"with start={start}, length={length} the positions are {want.tolist()}: the chunk "
+                "continues the sequence where the cache ends.")
+    return ""
+
+
+def _mask_hint(mask, want, start: int, length: int) -> str:
+    """A hint about the attention mask, or '' when it is right."""
+    import torch
+
+    if mask.dtype != torch.bool:
+        return f"the mask should be a bool tensor (True = may look); got dtype {mask.dtype}."
+    mask = mask.cpu()
+    if mask.shape != want.shape:
+        extra = (" The keys are the cached positions plus the chunk's, so it needs start + length "
+                 "columns.") if mask.shape == (length, length) and start else ""
+        return (f"with start={start}, length={length} the mask has shape {tuple(want.shape)}; got "
+                f"{tuple(mask.shape)}.{extra}")
+    if torch.equal(mask, ~want):
+        return "the mask is inverted: True means a query MAY look at that key."
+    if bool(mask.all()) and not bool(want.all()):
+        return "a chunk token must not see the tokens after it in the same chunk: mask them out."
+    diagonal = torch.arange(length)[:, None] + start == torch.arange(start + length)[None, :]
+    if torch.equal(mask, want & ~diagonal):
+        return "each token may look at itself too (the diagonal of the chunk is True)."
+    if not bool(mask[:, :start].all()):
+        return "every token of the chunk may look at every cached position (all True left of start)."
+    if not torch.equal(mask, want):
+        return (f"query start + i sees keys 0 … start + i: causal_mask({length}, {start + length}) "
+                "builds exactly that.")
+    return ""
+
+
+# The decode explorer (Play through a cached decode) lives in its own module; the notebook reaches it here.
+from .ch02_decode_explorer import (  # noqa: E402, F401
+    DECODE_PROMPT,
+    DECODE_STEPS,
+    OLD_FACE,
+    decode_explorer,
+    decode_frames,
+    decode_readout,
+    draw_decode_frame,
+)

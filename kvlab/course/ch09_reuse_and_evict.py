@@ -1,0 +1,320 @@
+"""Chapter 09, Reuse and evict: the measurements on kvlab-tiny (computed once, then reused by the plots
+and the cache-budget explorer), the figures, the two explorers and the exercise checkers."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import matplotlib.pyplot as plt
+
+from .. import validate
+from ..config import PRESETS
+from ..memory import format_bytes, kv_bytes_per_token
+from .style import Verdict, as_number, close, explorer_plot, new_figure, numeric, report, shown
+
+POLICY_COLORS = {"full": "#333333", "window": "#C44E52", "sinks + window": "#4C72B0",
+                 "heavy hitters": "#55A868"}
+
+# ---- measurements on kvlab-tiny ---------------------------------------------------------------------
+
+STREAM_LEN = 320           # bytes a stream: longer than kvlab-tiny's 256-byte training windows
+BUDGETS = (16, 32, 64, 128)
+SINKS = 4
+STREAMS = 8                # streams measured (a batch): enough for stable means, quick on a CPU
+
+
+def held_out_streams(length: int = STREAM_LEN, streams: int = STREAMS, device="cpu"):
+    """The first `streams` consecutive pieces of `length` bytes of the held-out text: (B, length)."""
+    import torch
+
+    from ..generate import encode_bytes
+    from ..pretrained import corpus_text
+
+    validate.integer("length", length, low=2)
+    ids = torch.tensor(encode_bytes(corpus_text("held_out")), device=device)
+    validate.integer("streams", streams)
+    n = min(ids.numel() // length, streams)
+    if n == 0:
+        raise ValueError(f"length={length} is longer than the held-out text ({ids.numel()} bytes)")
+    return ids[:n * length].view(n, length)
+
+
+@lru_cache(maxsize=4)
+def budget_measurements(stream_len: int = STREAM_LEN, budgets: tuple = BUDGETS,
+                        streams: int = STREAMS) -> dict:
+    """Held-out loss of kvlab-tiny for every policy of kvlab.window.POLICIES and budget (computed once
+    a session: about 3,000 one-token forward passes), with the cache bytes a sequence."""
+    import torch
+
+    from ..pretrained import load
+    from ..window import loss_vs_budget
+
+    model = load("kvlab-tiny")
+    ids = held_out_streams(stream_len, streams)
+    with torch.inference_mode():
+        curves = loss_vs_budget(model, ids, list(budgets), sinks=SINKS)
+    losses = {p: [float(c.mean()) for c in cs] for p, cs in curves.items()}
+    per_token = kv_bytes_per_token(model.config, "fp32")
+    return {"budgets": list(budgets), "losses": losses, "curves": curves, "stream_len": stream_len,
+            "streams": ids.shape[0], "bytes_per_token": per_token}
+
+
+def budget_curve(measurements: dict, title: str = "Held-out loss against cache budget (kvlab-tiny)",
+                 current: tuple[str, int] | None = None):
+    """Loss against budget, one line per policy; "full" as a horizontal line at its one value
+    (it holds the whole stream). `current` = (policy, budget) is marked."""
+    fig, ax = new_figure(7.5, 4.2)
+    budgets, losses = measurements["budgets"], measurements["losses"]
+    for policy, values in losses.items():
+        color = POLICY_COLORS.get(policy, None)
+        if policy == "full":
+            ax.axhline(values[0], color=color, ls="--", lw=1.2,
+                       label=f"full cache ({measurements['stream_len']} positions)")
+        else:
+            ax.plot(budgets, values, "o-", color=color, label=policy)
+    if current is not None:
+        policy, budget = current
+        y = losses[policy][budgets.index(budget)]
+        ax.plot([budget], [y], "o", ms=16, mfc="none", mec="black", mew=2, label="current setting")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.set_xlabel("cache budget (positions kept per sequence)")
+    ax.set_ylabel("held-out loss (nats per byte)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def draw_budget(policy: str = "sinks + window", budget: int = 64, measurements: dict | None = None):
+    """The cache-budget explorer's picture and readout: (Figure, text). `measurements` defaults to
+    `budget_measurements()` (computed once, then reused)."""
+    from ..window import POLICIES
+
+    m = budget_measurements() if measurements is None else measurements
+    validate.choice("policy", policy, POLICIES)
+    validate.choice("budget", budget, m["budgets"])
+    loss = m["losses"][policy][m["budgets"].index(budget)]
+    full = m["losses"]["full"][0]
+    kept = m["stream_len"] if policy == "full" else budget
+    llama = PRESETS["llama-3-8b"]
+    fig = budget_curve(m, current=(policy, budget))
+    text = "\n".join([
+        f"{policy}: {kept} of {m['stream_len']} positions kept per sequence"
+        + ("" if policy == "full" else " (storage fixed, whatever the stream length)"),
+        f"memory a sequence: kvlab-tiny {format_bytes(kept * m['bytes_per_token'])} (fp32); "
+        f"Llama-3-8B would hold {format_bytes(kept * kv_bytes_per_token(llama, 'fp16'))} (fp16)",
+        f"held-out loss {loss:.3f} nats/byte; full cache {full:.3f} ({loss - full:+.3f}), "
+        f"{m['streams']} streams of {m['stream_len']} bytes",
+    ])
+    return fig, text
+
+
+def cache_budget_explorer():
+    """Policy × budget → memory and measured held-out loss, on the curve of all budgets."""
+    import ipywidgets as w
+
+    from ..window import POLICIES
+
+    budgets = budget_measurements()["budgets"]   # measured once, here, before the first draw
+    style = {"description_width": "90px"}
+    policy = w.Dropdown(options=list(POLICIES), value="sinks + window", description="policy", style=style)
+    budget = w.SelectionSlider(options=[(str(b), b) for b in budgets], value=budgets[len(budgets) // 2],
+                               description="budget",
+                               style=style, layout=w.Layout(width="420px"), continuous_update=False)
+    readout = w.HTML()
+    readout.add_class("kvlab-readout")
+    out = explorer_plot(draw_budget, {"policy": policy, "budget": budget}, readout)
+    box = w.VBox([w.HBox([policy, budget]), out, readout])
+    box.add_class("kvlab-cache-budget-explorer")
+    return box
+
+
+def first_positions_attention(maps, first: int = 16, skip: int = 64):
+    """Mean attention weight each of the first `first` key positions receives from queries at
+    positions >= skip, per layer (lines), next to what uniform attention would give."""
+    import torch
+
+    fig, ax = new_figure(7.0, 3.8)
+    t = maps[0].shape[-1]
+    for layer, a in enumerate(maps):
+        ax.plot(range(first), a[:, :, skip:, :first].mean(dim=(0, 1, 2)).tolist(), "o-", ms=3,
+                label=f"layer {layer}")
+    uniform = (1 / torch.arange(skip + 1, t + 1).float()).mean().item()
+    ax.axhline(uniform, color="gray", ls="--", label="uniform attention over the context")
+    ax.set_yscale("log")
+    ax.set_xlabel("key position")
+    ax.set_ylabel("mean attention weight received")
+    ax.set_title(f"Attention the first positions receive (queries at {skip}..{t - 1})", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def loss_along_stream(curves: dict, window: int | None = None, trained: int | None = None):
+    """Per-position loss (smoothed) along the stream, one line per label -> 1-D values."""
+    import numpy as np
+
+    fig, ax = new_figure(7.5, 3.8)
+    for label, values in curves.items():
+        v = np.asarray(values, dtype=float)
+        smooth = np.convolve(v, np.ones(16) / 16, mode="valid")
+        ax.plot(np.arange(len(smooth)) + 16, smooth, label=label,
+                color=POLICY_COLORS.get(label.split(" (")[0]))
+    for x, text in ((window, "window full"), (trained, "training context")):
+        if x:
+            ax.axvline(x, color="gray", ls=":", lw=1)
+            ax.text(x, ax.get_ylim()[1], f" {text}", fontsize=8, va="top", color="gray")
+    ax.set_xlabel("position in the stream (bytes)")
+    ax.set_ylabel("loss (nats/byte, 16-byte mean)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+# ---- prefix sharing -----------------------------------------------------------------------------
+
+SHARING_MODEL = "llama-3-8b"
+SHARING_USERS = (1, 2, 4, 8, 16, 32, 64, 128)
+SHARING_PREFIX = (0, 256, 512, 1024, 2048, 4096)
+SHARING_SUFFIX = (16, 64, 256, 1024)
+
+
+def draw_sharing(users: int = 16, prefix_len: int = 1024, suffix_len: int = 64, block_size: int = 16,
+                 model: str = SHARING_MODEL):
+    """Blocks and prefill tokens for `users` requests sharing a prefix, without and with sharing:
+    (Figure, text)."""
+    from ..prefix import prefill_flops, sharing
+
+    validate.choice("model", model, PRESETS)
+    config = PRESETS[model]
+    s = sharing(users, prefix_len, suffix_len, block_size, config, "fp16")
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.6), layout="constrained")
+    for ax, (title, alone, shared) in zip(axes, (
+            ("KV blocks held", s.blocks_alone, s.blocks_shared),
+            ("prompt tokens prefilled", s.prefill_tokens_alone, s.prefill_tokens_shared)), strict=True):
+        bars = ax.bar(["no sharing", "shared prefix"], [alone, shared], color=["#C44E52", "#4C72B0"])
+        for bar, value in zip(bars, (alone, shared), strict=True):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{value:,}", ha="center",
+                    va="bottom", fontsize=9)
+        ax.set_title(title, fontsize=10)
+        ax.margins(y=0.15)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"{users} users × ({prefix_len:,} shared + {suffix_len:,} own tokens), "
+                 f"{block_size}-token blocks", fontsize=10)
+    saved_tokens = s.prefill_tokens_alone - s.prefill_tokens_shared
+    text = "\n".join([
+        f"blocks: {s.blocks_alone:,} without sharing, {s.blocks_shared:,} with "
+        f"({s.saved_fraction:.0%} fewer)",
+        f"{model} KV cache (fp16): {format_bytes(s.bytes_alone)} → {format_bytes(s.bytes_shared)}",
+        f"prefill: {saved_tokens:,} of {s.prefill_tokens_alone:,} prompt tokens not recomputed, "
+        f"≈ {prefill_flops(config, saved_tokens) / 1e12:,.1f} TFLOPs saved (2 × params × tokens)",
+    ])
+    return fig, text
+
+
+def prefix_sharing_explorer():
+    """Users × shared-prefix length × own suffix → blocks and bytes with and without sharing, and the
+    prefill work saved."""
+    import ipywidgets as w
+
+    style, wide = {"description_width": "110px"}, w.Layout(width="440px")
+
+    def slider(name, options, value):
+        return w.SelectionSlider(options=[(f"{o:,}", o) for o in options], value=value,
+                                 description=name, style=style, layout=wide, continuous_update=False)
+
+    users = slider("users", SHARING_USERS, 16)
+    prefix = slider("shared prefix", SHARING_PREFIX, 1024)
+    suffix = slider("own suffix", SHARING_SUFFIX, 64)
+    readout = w.HTML()
+    readout.add_class("kvlab-readout")
+    out = explorer_plot(draw_sharing, {"users": users, "prefix_len": prefix, "suffix_len": suffix},
+                        readout)
+    box = w.VBox([users, prefix, suffix, out, readout])
+    box.add_class("kvlab-prefix-sharing-explorer")
+    return box
+
+
+def hit_rate_plot(pool_blocks, hit_rates: dict, best: float | None = None):
+    """Hit rate of the prefix index against pool size, one line per label -> rates."""
+    fig, ax = new_figure(7.0, 3.8)
+    for label, rates in hit_rates.items():
+        ax.plot(pool_blocks, [r * 100 for r in rates], "o-", label=label)
+    if best is not None:
+        ax.axhline(best * 100, color="gray", ls="--", label="every prefix cached (upper bound)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV pool (blocks of 16 tokens)")
+    ax.set_ylabel("prompt tokens found in the index (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def offload_plot(tokens, seconds: dict, title: str):
+    """Time to bring back (or recompute) the K/V of n tokens, one line per label -> seconds."""
+    fig, ax = new_figure(7.0, 3.8)
+    for label, values in seconds.items():
+        ax.plot(tokens, [s * 1e3 for s in values], "o-", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens whose K/V are needed again")
+    ax.set_ylabel("ms (lower bound)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+# ---- exercises ----------------------------------------------------------------------------------
+
+SHARED_BLOCKS_EXERCISE = {"users": 20, "prefix_len": 1000, "suffix_len": 200, "block_size": 16}
+WINDOW_BYTES_EXERCISE = {"model": "mistral-7b", "window": 4096, "batch_size": 8, "dtype": "fp16"}
+
+
+def shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["users"],
+                         prefix_len: int = SHARED_BLOCKS_EXERCISE["prefix_len"],
+                         suffix_len: int = SHARED_BLOCKS_EXERCISE["suffix_len"],
+                         block_size: int = SHARED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
+    """Blocks held by `users` requests of prefix_len shared + suffix_len own tokens, with sharing."""
+    from ..prefix import sharing
+
+    s = sharing(users, prefix_len, suffix_len, block_size)
+    full = prefix_len // block_size
+    value = as_number(answer)
+    if value is None:
+        return report(False, "", f"answer with a whole number of blocks (got {shown(answer)}).")
+    if value == s.blocks_alone:
+        return report(False, "", "that is without sharing: every user holding its own copy of the prefix.")
+    ceil = -(-prefix_len // block_size)
+    own = s.blocks_alone // users
+    slips = [(ceil + users * (own - ceil),
+              f"the prefix's last block is only partly full ({prefix_len % block_size} tokens): it cannot "
+              "be shared, because each user's own tokens go on into it."),
+             (ceil + users * -(-suffix_len // block_size),
+              "each user's own tokens go on in the prefix's partly filled last block (a private copy "
+              "of it): count ceil((prefix + suffix) / block_size) − the shared full blocks per user.")]
+    for wrong, hint in slips:
+        if prefix_len % block_size and value == wrong and value != s.blocks_shared:
+            return report(False, "", hint)
+    return numeric(answer, s.blocks_shared, 1e-9,
+                   f"Right: {full} full prefix blocks held once + {users} × "
+                   f"{s.blocks_alone // users - full} blocks of each user's own.",
+                   f"only the prefix's full blocks ({prefix_len:,} // {block_size}) are shared; each user "
+                   "has the rest: ceil((prefix + suffix) / block_size) − the shared ones.")
+
+
+def window_cache_gib(answer, model: str = WINDOW_BYTES_EXERCISE["model"],
+                     window: int = WINDOW_BYTES_EXERCISE["window"],
+                     batch_size: int = WINDOW_BYTES_EXERCISE["batch_size"],
+                     dtype: str = WINDOW_BYTES_EXERCISE["dtype"]) -> Verdict:
+    """The sliding-window cache of `batch_size` sequences of any length, in GiB."""
+    from ..memory import GiB, kv_cache_bytes
+
+    config = PRESETS[model]
+    expected = kv_cache_bytes(config, window, batch_size, dtype) / GiB
+    value = as_number(answer)
+    if close(value, kv_cache_bytes(config, config.max_seq_len, batch_size, dtype) / GiB, 1e-3):
+        return report(False, "", f"that is the full {config.max_seq_len:,}-token context; a sliding "
+                      f"window keeps only the last {window:,} tokens.")
+    return numeric(answer, expected, 1e-3,
+                   f"Right: {window:,} positions × batch {batch_size}, however long the streams get.",
+                   f"2 × layers × KV heads × head_dim × {window:,} (the window, not the stream) × "
+                   f"batch {batch_size} × 2 bytes, ÷ 1024**3.",
+                   "that looks like bytes: the question asks for GiB (divide by 1024**3).")

@@ -1,0 +1,174 @@
+"""What every chapter module shares: the figure style, axis labels for tokens and bytes, the boxes and
+arrows of the diagrams, the explorers' readout, and the exercise checkers' `Verdict` and answer parsing.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+
+import matplotlib.pyplot as plt
+
+from ..memory import GiB
+
+# ---- figures --------------------------------------------------------------------------------------
+
+
+def new_figure(width: float = 7.0, height: float = 4.0):
+    """A figure and axes in the course's house style."""
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def tokens_label(n: int) -> str:
+    """128, 4K, 128K, 1M: binary K and M, as context lengths are usually quoted."""
+    for unit, size in (("M", 2**20), ("K", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n:,}"
+
+
+BYTE_UNITS = (("TiB", 1024**4), ("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def bytes_unit(n: float) -> tuple[str, int]:
+    """The largest binary unit not above n, e.g. ("GiB", 1024**3); ("B", 1) below a KiB."""
+    return next(((unit, size) for unit, size in BYTE_UNITS if n >= size), ("B", 1))
+
+
+def bytes_label(n: float) -> str:
+    """An axis label for a byte count: 4 significant digits in the largest unit that fits."""
+    unit, size = bytes_unit(n)
+    return f"{n / size:.4g} {unit}"
+
+
+# Box colours of the generation diagrams (chapters 01 and 02).
+PROMPT_FACE, NEW_FACE, CACHED_FACE, MODEL_FACE = "#DDDDDD", "#F2B880", "#A8C8E8", "#FFF2CC"
+
+
+def box(ax, x, y, w, h, text, face, edge="#333333", hatch=None, fontsize=9, color="black"):
+    """A rounded box with centred text, for the course's diagrams."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor=face, edgecolor=edge, hatch=hatch, lw=1))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, color=color)
+
+
+def arrow(ax, start, end, color="#333333", style="-|>", rad=0.0, lw=1.2):
+    """An arrow from start to end (curved when rad is not 0)."""
+    ax.annotate("", xy=end, xytext=start,
+                arrowprops=dict(arrowstyle=style, color=color, lw=lw,
+                                connectionstyle=f"arc3,rad={rad}"))
+
+
+# ---- explorers ------------------------------------------------------------------------------------
+# Each explorer is a thin shell of core ipywidgets around an ordinary `draw_…` function that returns
+# (Figure, readout text); the notebooks also call that function directly, so nbval tests what the
+# widget shows.
+
+
+def readout_html(text: str) -> str:
+    """The readout text as preformatted HTML (columns stay aligned)."""
+    import html
+
+    return ("<pre style='font-size:12.5px; line-height:1.45; white-space:pre-wrap; margin:0'>"
+            f"{html.escape(text)}</pre>")
+
+
+def explorer_plot(draw, controls: dict, readout, skip=lambda: False):
+    """The plot area of an explorer: `draw(**values)` -> (Figure, text) runs whenever a control in
+    `controls` (argument name -> widget) changes; the figure is shown in an output area of fixed
+    height (no flicker) and the text goes to the `readout` HTML widget. While `skip()` is true
+    (controls being set by code) nothing is drawn."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    def update(**values) -> None:
+        if skip():
+            return
+        fig, text = draw(**values)
+        readout.value = readout_html(text)
+        display(fig)
+        plt.close(fig)
+
+    out = w.interactive_output(update, controls)
+    out.layout = w.Layout(height="450px", overflow="hidden")
+    out.add_class("kvlab-plot")
+    return out
+
+
+def positive_int(x) -> bool:
+    """Is x a whole number >= 1 (and not a bool)?"""
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+# ---- exercise checkers ------------------------------------------------------------------------------
+# A checker prints ✓ or a hint and returns a Verdict. Whatever a learner types (None, a string, a
+# huge integer, NaN, a tensor, a function that raises) gets a hint, never a traceback.
+
+
+class Verdict:
+    """A checker's result: true or false for `assert`, and silent as a cell's last value (the
+    checker has already printed ✓ or its hint, so the notebook shows no stray `False`)."""
+
+    def __init__(self, ok: bool):
+        self.ok = bool(ok)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return f"Verdict({self.ok})"
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def report(ok: bool, success: str, hint: str) -> Verdict:
+    """Print ✓ and the success text, or the hint; return the Verdict."""
+    print(f"✓ {success}" if ok else f"✗ Not yet. Hint: {hint}")
+    return Verdict(ok)
+
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = _short.maxlong = 60
+
+
+def shown(answer) -> str:
+    """repr(answer), shortened: a hint quotes what the learner typed without flooding the cell."""
+    return _short.repr(answer)
+
+
+def as_number(answer) -> float | None:
+    """A finite number from an int, a float, a one-element tensor or array, or a string like
+    '8,390,656'; None for anything else (None, a bool, bytes, NaN, infinity, an int too large for a
+    float)."""
+    if isinstance(answer, (bool, bytes, bytearray)) or answer is None:
+        return None
+    if isinstance(answer, str):
+        answer = answer.replace(",", "").replace("_", "").strip()
+    try:
+        value = float(answer)
+    except Exception:  # noqa: BLE001 - a learner's answer can be anything: not a number is a hint
+        return None
+    return value if math.isfinite(value) else None
+
+
+def close(answer, expected: float, rel: float = 1e-6) -> bool:
+    """Is answer a number within rel (relative; absolute below 1) of expected?"""
+    value = as_number(answer)
+    return value is not None and abs(value - expected) <= rel * max(1.0, abs(expected))
+
+
+def numeric(answer, expected: float, rel: float, success: str, hint: str,
+            unit_hint: str | None = None) -> Verdict:
+    """Check a numeric answer; `unit_hint` answers a value that is the expected GiB given in bytes."""
+    value = as_number(answer)
+    if value is None:
+        return report(False, "", f"answer with a number (got {shown(answer)}). {hint}")
+    ok = close(value, expected, rel)
+    if not ok and unit_hint and close(value, expected * 1024**3, rel):
+        return report(False, "", unit_hint)
+    return report(ok, success, hint)

@@ -1,0 +1,38 @@
+"""Chapter 00: the roadmap draws; the warm-up checker prints its verdict once and takes any answer."""
+
+import matplotlib
+from answers import WRONG_VALUES, hint_test, verdict_test
+from IPython.core.interactiveshell import InteractiveShell
+
+from kvlab.course import ch00_welcome as ch00
+
+matplotlib.use("Agg")
+
+
+def test_roadmap_has_a_box_per_chapter():
+    fig = ch00.roadmap()
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert all(num in texts for num, _, _ in ch00.ROADMAP)
+    matplotlib.pyplot.close(fig)
+
+
+def test_a_checker_prints_its_verdict_once_and_displays_nothing_more(capsys):
+    right, wrong = ch00.byte_tokens(15), ch00.byte_tokens(14)
+    assert right and not wrong
+    out = capsys.readouterr().out
+    assert out.startswith("✓ 'KV cache 缓存' is 15 byte tokens.") and "✗ Not yet. Hint:" in out
+    # A notebook shows a cell's last value through IPython's display formatter: nothing for a
+    # verdict (no stray "True"/"False" under the ✓ or hint), the usual text for a plain bool.
+    formatter = InteractiveShell.instance().display_formatter
+    assert formatter.format(right) == ({}, {})
+    assert formatter.format(True)[0] == {"text/plain": "True"}
+
+
+def test_unanswered_exercises_get_a_hint_not_an_error(capsys):
+    assert not ch00.byte_tokens(None)
+    assert "replace None" in capsys.readouterr().out
+    assert ch00.byte_tokens("15") and ch00.byte_tokens(15.0)
+
+
+test_any_wrong_answer_gets_a_hint = hint_test([ch00.byte_tokens], WRONG_VALUES)
+test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch00.byte_tokens])

@@ -1,0 +1,179 @@
+"""Chapter 09: the measurements, the drawing functions behind the two explorers, the explorers
+themselves and the two checkers."""
+
+import html
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from answers import WRONG_VALUES, hint_test, verdict_test  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from kvlab import PRESETS, prefix, pretrained, window  # noqa: E402
+from kvlab.course import ch09_reuse_and_evict as ch09  # noqa: E402
+from kvlab.memory import GiB, format_bytes, kv_bytes_per_token, kv_cache_bytes  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A real but small measurement: 2 streams of 80 held-out bytes, budgets 16 and 32."""
+    return ch09.budget_measurements(stream_len=80, budgets=(16, 32), streams=2)
+
+
+def walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from walk(child)
+
+
+def shown(readout) -> str:
+    return html.unescape(readout.value.split(">", 1)[1].rsplit("</pre>", 1)[0])
+
+
+# --- measurements -------------------------------------------------------------------------------
+
+def test_held_out_streams_are_consecutive_pieces_of_the_held_out_text():
+    ids = ch09.held_out_streams(50, 3)
+    text = pretrained.corpus_text("held_out").encode("utf-8")
+    assert ids.shape == (3, 50)
+    assert bytes(ids.flatten().tolist()) == text[:150]
+    with pytest.raises(ValueError, match="longer than the held-out text"):
+        ch09.held_out_streams(10**8)
+
+
+def test_budget_measurements_agree_with_kvlab_window(small):
+    model = pretrained.load("kvlab-tiny")
+    ids = ch09.held_out_streams(80, 2)
+    assert small["budgets"] == [16, 32] and small["streams"] == 2 and small["stream_len"] == 80
+    assert small["bytes_per_token"] == kv_bytes_per_token(model.config, "fp32")
+    full = window.token_losses(model, ids).mean().item()
+    assert small["losses"]["full"] == pytest.approx([full, full], rel=1e-5)
+    cache = window.bounded_cache("sinks + window", model.config, 2, 32, sinks=ch09.SINKS)
+    assert small["losses"]["sinks + window"][1] == pytest.approx(
+        window.token_losses(model, ids, cache).mean().item(), rel=1e-5)
+    assert small["curves"]["window"][0].shape == (79,)
+
+
+def test_budget_readout_and_curve(small):
+    fig, text = ch09.draw_budget("heavy hitters", 16, small)
+    assert isinstance(fig, Figure)
+    first, second, third = text.split("\n")
+    assert first.startswith("heavy hitters: 16 of 80 positions kept per sequence")
+    assert f"kvlab-tiny {format_bytes(16 * small['bytes_per_token'])} (fp32)" in second
+    assert f"Llama-3-8B would hold {format_bytes(16 * kv_bytes_per_token(PRESETS['llama-3-8b']))}" in second
+    assert third.startswith(f"held-out loss {small['losses']['heavy hitters'][0]:.3f} nats/byte; "
+                            f"full cache {small['losses']['full'][0]:.3f}")
+    ax = fig.axes[0]
+    current = [ln for ln in ax.get_lines() if ln.get_label() == "current setting"][0]
+    assert current.get_xdata()[0] == 16
+    assert current.get_ydata()[0] == pytest.approx(small["losses"]["heavy hitters"][0])
+    full_text = ch09.draw_budget("full", 32, small)[1]
+    assert full_text.startswith("full: 80 of 80 positions") and "(+0.000)" in full_text
+
+
+@pytest.mark.parametrize("kwargs, message", [({"policy": "lru"}, "policy='lru'"),
+                                             ({"budget": 48}, "budget=48")])
+def test_budget_readout_refuses_unknown_settings(small, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ch09.draw_budget(**{"policy": "window", "budget": 16, **kwargs}, measurements=small)
+
+
+def test_cache_budget_explorer_redraws_on_a_control_change(small, monkeypatch):
+    monkeypatch.setattr(ch09, "budget_measurements", lambda: small)
+    box = ch09.cache_budget_explorer()
+    assert "kvlab-cache-budget-explorer" in box._dom_classes
+    controls = {w.description: w for w in walk(box) if getattr(w, "description", "")}
+    assert set(controls) == {"policy", "budget"}
+    readout = [w for w in walk(box) if "kvlab-readout" in w._dom_classes][0]
+    controls["budget"].value = 16
+    assert shown(readout) == ch09.draw_budget("sinks + window", 16, small)[1]
+    controls["policy"].value = "heavy hitters"
+    assert shown(readout) == ch09.draw_budget("heavy hitters", 16, small)[1]
+
+
+# --- prefix sharing -------------------------------------------------------------------------------
+
+def test_sharing_readout_agrees_with_kvlab_prefix():
+    fig, text = ch09.draw_sharing(users=8, prefix_len=1000, suffix_len=64)
+    s = prefix.sharing(8, 1000, 64, 16, PRESETS["llama-3-8b"])
+    blocks, memory, work = text.split("\n")
+    assert blocks == f"blocks: {s.blocks_alone:,} without sharing, {s.blocks_shared:,} with " \
+                     f"({s.saved_fraction:.0%} fewer)"
+    assert f"{format_bytes(s.bytes_alone)} → {format_bytes(s.bytes_shared)}" in memory
+    saved = s.prefill_tokens_alone - s.prefill_tokens_shared
+    assert work.startswith(f"prefill: {saved:,} of {s.prefill_tokens_alone:,} prompt tokens not recomputed")
+    heights = [round(p.get_height()) for p in fig.axes[0].patches]
+    assert heights == [s.blocks_alone, s.blocks_shared]
+
+
+def test_one_user_or_no_prefix_shares_nothing():
+    for users, prefix_len in ((1, 1024), (16, 0)):
+        text = ch09.draw_sharing(users, prefix_len, 64)[1]
+        assert "(0% fewer)" in text and "prefill: 0 of" in text
+
+
+def test_prefix_sharing_explorer_redraws_on_a_control_change():
+    box = ch09.prefix_sharing_explorer()
+    controls = {w.description: w for w in walk(box) if getattr(w, "description", "")}
+    assert set(controls) == {"users", "shared prefix", "own suffix"}
+    readout = [w for w in walk(box) if "kvlab-readout" in w._dom_classes][0]
+    assert shown(readout) == ch09.draw_sharing()[1]
+    controls["users"].value = 128
+    controls["shared prefix"].value = 4096
+    assert shown(readout) == ch09.draw_sharing(128, 4096, 64)[1]
+
+
+# --- the other figures ----------------------------------------------------------------------------
+
+def test_figures_draw_what_they_are_given():
+    maps = [torch.full((1, 2, 8, 8), 1 / 8).tril() for _ in range(2)]
+    fig = ch09.first_positions_attention(maps, first=4, skip=4)
+    assert len([ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("layer")]) == 2
+    fig = ch09.loss_along_stream({"window (8 positions)": [1.0] * 40}, window=8, trained=30)
+    assert fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(1.0)
+    fig = ch09.hit_rate_plot([1, 2], {"a": [0.1, 0.5]}, best=0.9)
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == [10, 50]
+    fig = ch09.offload_plot([1, 2], {"x": [1e-3, 2e-3]}, "t")
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == [1, 2]
+
+
+# --- the exercises --------------------------------------------------------------------------------
+
+def test_shared_prefix_blocks_checker(capsys):
+    ex = ch09.SHARED_BLOCKS_EXERCISE
+    right = prefix.sharing(ex["users"], ex["prefix_len"], ex["suffix_len"], ex["block_size"]).blocks_shared
+    assert right == 62 + 20 * 13
+    assert ch09.shared_prefix_blocks(right) and ch09.shared_prefix_blocks(f"{right:,}")
+    assert "✓" in capsys.readouterr().out
+    for wrong, hint in [(20 * 75, "without sharing"), (63 + 20 * 12, "only partly full"),
+                        (63 + 20 * 13, "private copy"), (right + 2, "only the prefix's full blocks"),
+                        ("many", "whole number")]:
+        assert not ch09.shared_prefix_blocks(wrong)
+        assert hint in capsys.readouterr().out, wrong
+    assert ch09.shared_prefix_blocks(2 + 3 * 1, users=3, prefix_len=32, suffix_len=16)
+
+
+def test_window_cache_checker(capsys):
+    expected = kv_cache_bytes(PRESETS["mistral-7b"], 4096, 8) / GiB
+    assert expected == 4
+    assert ch09.window_cache_gib(4) and ch09.window_cache_gib("4.0")
+    for wrong, hint in [(32, "full 32,768-token context"), (4 * GiB, "looks like bytes"),
+                        (2, "the window, not the stream")]:
+        assert not ch09.window_cache_gib(wrong)
+        assert hint in capsys.readouterr().out, wrong
+
+
+test_any_wrong_answer_gets_a_hint = hint_test([ch09.shared_prefix_blocks, ch09.window_cache_gib],
+                                              WRONG_VALUES)
+test_whatever_is_typed_the_checkers_answer_with_a_verdict = verdict_test(
+    [ch09.shared_prefix_blocks, ch09.window_cache_gib])

@@ -1,0 +1,217 @@
+"""Bounded caches (kvlab.window): sliding window with attention sinks, heavy hitters."""
+
+import pytest
+import torch
+
+from kvlab import PRESETS, pretrained
+from kvlab.cache import StaticKVCache
+from kvlab.generate import encode_bytes, generate
+from kvlab.model import Transformer
+from kvlab.window import (
+    HeavyHitterKVCache,
+    SlidingWindowKVCache,
+    attention_maps,
+    feed,
+    token_losses,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return pretrained.load("kvlab-tiny")
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    torch.manual_seed(0)
+    return Transformer(PRESETS["tiny-gqa"]).eval()   # 2 KV heads shared by 4 query heads
+
+
+PROMPT = encode_bytes("The KV cache stores the keys and values ")
+
+
+@pytest.mark.parametrize("positions", ["original", "cache"])
+def test_window_covering_everything_gives_the_static_tokens(tiny, positions):
+    ids = torch.tensor([PROMPT])
+    ref = generate(tiny, ids, 40, cache="static")
+    cache = SlidingWindowKVCache(tiny.config, 1, window=len(PROMPT) + 40, positions=positions)
+    got = generate(tiny, ids, 40, cache=cache)
+    assert torch.equal(got.tokens, ref.tokens)
+
+
+def test_window_with_sinks_covering_everything_equals_full_attention_logits(random_model):
+    ids = torch.randint(0, random_model.config.vocab_size, (2, 30))
+    full = random_model(ids)
+    cache = SlidingWindowKVCache(random_model.config, 2, window=26, sinks=4)
+    torch.testing.assert_close(feed(random_model, ids, cache), full)
+
+
+def test_window_storage_never_grows_and_keeps_sinks_and_the_last_tokens(random_model):
+    cfg = random_model.config
+    cache = SlidingWindowKVCache(cfg, 1, window=5, sinks=2)
+    expected_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * 7 * cfg.head_dim * 4  # fp32
+    assert cache.nbytes == expected_bytes
+    feed(random_model, torch.randint(0, cfg.vocab_size, (1, 23)), cache)
+    assert cache.nbytes == expected_bytes
+    assert cache.stored == 7 and cache.seq_len == 23
+    assert cache.kept_positions() == [0, 1, 18, 19, 20, 21, 22]
+
+
+def test_window_matches_attention_restricted_to_the_same_keys(random_model, monkeypatch):
+    """Sliding-window decoding equals full attention with a mask that hides exactly the evicted keys."""
+    cfg = random_model.config
+    T, window, sinks = 20, 6, 2
+    ids = torch.randint(0, cfg.vocab_size, (1, T))
+    got = feed(random_model, ids, SlidingWindowKVCache(cfg, 1, window=window, sinks=sinks))
+    q = torch.arange(T)[:, None]
+    k = torch.arange(T)[None, :]
+    visible = (k <= q) & ((k < sinks) | (k > q - window))
+    import kvlab.model as model_module
+
+    plain = model_module.attention
+    monkeypatch.setattr(model_module, "attention", lambda q_, k_, v_, mask: plain(q_, k_, v_, visible))
+    want = random_model(ids)          # one pass over all T tokens, with the sliding-window mask
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_cache_positions_stream_past_max_seq_len(random_model):
+    cfg = random_model.config
+    n = cfg.max_seq_len + 20
+    ids = torch.randint(0, cfg.vocab_size, (1, n))
+    cache = SlidingWindowKVCache(cfg, 1, window=8, sinks=2, positions="cache")
+    logits = feed(random_model, ids, cache)
+    assert logits.shape == (1, n, cfg.vocab_size) and torch.isfinite(logits).all()
+    assert cache.seq_len == 9  # the next token takes the last slot's position
+    with pytest.raises(ValueError, match="max_seq_len"):
+        feed(random_model, ids, SlidingWindowKVCache(cfg, 1, window=8, sinks=2))
+
+
+def test_cache_positions_equal_original_positions_for_a_window_alone(random_model):
+    """RoPE scores depend only on the distance between query and key: renumbering the keys of a
+    window (no sinks) from 0 changes no distance, so the logits agree."""
+    cfg = random_model.config
+    ids = torch.randint(0, cfg.vocab_size, (1, 40))
+    a = feed(random_model, ids, SlidingWindowKVCache(cfg, 1, window=8))
+    b = feed(random_model, ids, SlidingWindowKVCache(cfg, 1, window=8, positions="cache"))
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_chunk_that_would_evict_is_refused_with_a_clear_message(random_model):
+    cfg = random_model.config
+    cache = SlidingWindowKVCache(cfg, 1, window=4, sinks=1)
+    with pytest.raises(ValueError, match="holds 5 positions.*one token at a time"):
+        random_model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, None, "8", True])
+def test_window_rejects_bad_sizes(bad):
+    cfg = PRESETS["tiny-mha"]
+    with pytest.raises(ValueError, match="window"):
+        SlidingWindowKVCache(cfg, 1, window=bad)
+    with pytest.raises(ValueError, match="positions"):
+        SlidingWindowKVCache(cfg, 1, window=4, positions="relative")
+
+
+def test_window_reset_and_set_length(random_model):
+    cfg = random_model.config
+    cache = SlidingWindowKVCache(cfg, 1, window=4)
+    feed(random_model, torch.zeros(1, 9, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="reset to 0"):
+        cache.set_length(3)
+    cache.reset()
+    assert cache.seq_len == 0 and cache.stored == 0
+
+
+# --- heavy hitters --------------------------------------------------------------------------------
+
+def test_heavy_hitters_with_room_for_everything_equal_full_attention(random_model):
+    ids = torch.randint(0, random_model.config.vocab_size, (2, 25))
+    cache = HeavyHitterKVCache(random_model.config, 2, budget=25, recent=4)
+    torch.testing.assert_close(feed(random_model, ids, cache), random_model(ids))
+
+
+def test_heavy_hitters_keep_the_budget_the_recent_tokens_and_the_most_attended(random_model):
+    cfg = random_model.config
+    ids = torch.randint(0, cfg.vocab_size, (1, 40))
+    cache = HeavyHitterKVCache(cfg, 1, budget=10, recent=3, sinks=1)
+    nbytes = cache.nbytes
+    feed(random_model, ids, cache)
+    assert cache.nbytes == nbytes and cache.stored == 10 and cache.seq_len == 40
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_kv_heads):
+            kept = cache.kept_positions(layer, 0, head)
+            assert len(kept) == 10 and kept[0] == 0 and kept[-3:] == [37, 38, 39]
+
+
+def test_heavy_hitters_evict_the_least_attended_unprotected_key(random_model):
+    """Layer 0 (whose input does not depend on earlier evictions): after a full prompt of `budget`
+    tokens, one more token evicts, per KV head, the key with the lowest accumulated attention
+    (prompt queries + the new query) among those not protected as recent."""
+    cfg = random_model.config
+    budget, recent = 10, 2
+    ids = torch.randint(0, cfg.vocab_size, (1, budget + 1))
+    cache = HeavyHitterKVCache(cfg, 1, budget=budget, recent=recent)
+    feed(random_model, ids[:, :budget], cache)
+    before = cache.score[0, 0, :, :budget].clone()
+    feed(random_model, ids[:, budget:], cache)
+    last = attention_maps(random_model, ids)[0][0, :, -1]          # (H, budget + 1)
+    received = last.view(cfg.n_kv_heads, -1, budget + 1).sum(1)
+    total = torch.nn.functional.pad(before, (0, 1)) + received
+    for head in range(cfg.n_kv_heads):
+        victim = int(total[head, :budget + 1 - recent].argmin())
+        assert cache.kept_positions(0, 0, head) == [p for p in range(budget + 1) if p != victim]
+
+
+def test_heavy_hitter_scores_are_the_attention_received(random_model):
+    """After a prompt that fits, each key's score is the sum over the later queries (and query
+    heads sharing its KV head) of the attention weight it got: compare with attention_maps."""
+    cfg = random_model.config
+    ids = torch.randint(0, cfg.vocab_size, (1, 12))
+    cache = HeavyHitterKVCache(cfg, 1, budget=16, recent=2)
+    feed(random_model, ids, cache)
+    maps = attention_maps(random_model, ids)     # per layer (B, H, T, T)
+    group = cfg.n_heads // cfg.n_kv_heads
+    for layer, a in enumerate(maps):
+        want = a[0].sum(dim=1).view(cfg.n_kv_heads, group, -1).sum(1)
+        torch.testing.assert_close(cache.score[layer, 0, :, :12], want, rtol=1e-4, atol=1e-5)
+
+
+def test_heavy_hitters_need_the_queries(random_model):
+    cache = HeavyHitterKVCache(random_model.config, 1, budget=8)
+    with pytest.raises(ValueError, match="watch"):
+        random_model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_heavy_hitter_arguments_are_checked():
+    cfg = PRESETS["tiny-mha"]
+    with pytest.raises(ValueError, match="recent"):
+        HeavyHitterKVCache(cfg, 1, budget=4, recent=4)
+    with pytest.raises(ValueError, match="sinks"):
+        HeavyHitterKVCache(cfg, 1, budget=4, recent=2, sinks=2)
+
+
+# --- measurements -------------------------------------------------------------------------------
+
+def test_attention_maps_are_causal_distributions(random_model):
+    ids = torch.randint(0, random_model.config.vocab_size, (1, 9))
+    for a in attention_maps(random_model, ids):
+        assert a.shape == (1, random_model.config.n_heads, 9, 9)
+        torch.testing.assert_close(a.sum(-1), torch.ones(1, random_model.config.n_heads, 9))
+        assert (a.triu(1) == 0).all()
+
+
+def test_token_losses_with_a_full_window_equal_the_plain_model(tiny):
+    ids = torch.tensor([encode_bytes(pretrained.corpus_text("held_out")[:120])])
+    full = token_losses(tiny, ids)
+    windowed = token_losses(tiny, ids, SlidingWindowKVCache(tiny.config, 1, window=120))
+    torch.testing.assert_close(windowed, full, rtol=1e-4, atol=1e-4)
+    short = token_losses(tiny, ids, SlidingWindowKVCache(tiny.config, 1, window=8))
+    torch.testing.assert_close(short[:, :7], full[:, :7], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(short[:, 20:], full[:, 20:])
+
+
+def test_static_cache_is_unaffected(tiny):
+    # feed() passes a non-bounded cache straight to the model in one pass
+    ids = torch.tensor([PROMPT])
+    cache = StaticKVCache(tiny.config, 1, len(PROMPT))
+    torch.testing.assert_close(feed(tiny, ids, cache), tiny(ids))
