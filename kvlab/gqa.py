@@ -119,11 +119,10 @@ def uptrain(model: Transformer, steps: int, text: str, lr: float = 3e-4, batch_s
     0.1, gradients clipped to norm 1, no dropout; the random windows come from `seed`, so two
     models uptrained with the same seed see the same bytes.
     """
-    import torch.nn.functional as F
 
     from . import validate
     from .generate import encode_bytes
-    from .train import batches
+    from .train import batches, train_step
 
     steps = validate.integer("steps", steps, low=0)
     lr = validate.number("lr", lr, low=0)
@@ -138,12 +137,7 @@ def uptrain(model: Transformer, steps: int, text: str, lr: float = 3e-4, batch_s
     stream = batches(data, batch_size, context, torch.Generator().manual_seed(seed))
     for _ in range(steps):
         x, y = (t.to(device) for t in next(stream))
-        logits = student(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
+        train_step(student, opt, x, y)
     return student.eval()
 
 

@@ -65,6 +65,18 @@ def batches(data: torch.Tensor, batch_size: int, context: int, generator: torch.
         yield window[:, :-1], window[:, 1:]
 
 
+def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One optimisation step of next-byte prediction on a batch (x, y); returns the batch loss. Gradients
+    are clipped to norm 1, as in pre-training (and in `kvlab.gqa.uptrain`)."""
+    logits = model(x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
 def cosine_lr(step: int, steps: int, peak: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to a tenth of the peak."""
     if step < warmup:
@@ -124,12 +136,7 @@ def train(name: str = "kvlab-tiny", steps: int = 500, seed: int = 0, batch_size:
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step - 1, steps, lr, warmup=min(50, steps // 10 + 1))
         x, y = next(stream)
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, x, y)
         if step % eval_every == 0 or step == steps:
             val = pretrained.loss(model.eval(), validation_text, context)
             model.train()

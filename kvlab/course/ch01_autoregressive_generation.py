@@ -18,6 +18,7 @@ from .style import (
     arrow,
     as_number,
     box,
+    log_log,
     new_figure,
     report,
     shown,
@@ -218,13 +219,8 @@ def step_time_vs_length(lengths, seconds, flops):
     ax.plot(lengths, seconds * 1e3, "o-", color="#C44E52", label="measured time of one step")
     ax.plot(lengths, flops / flops[-1] * seconds[-1] * 1e3, "--", color="#4C72B0",
             label="FLOPs of the step (scaled to the last point)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens fed in the step, t")
-    ax.set_ylabel("time per step (ms, log scale)")
-    ax.set_title("One naive step: fixed cost at short t, work at long t", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    log_log(ax, "tokens fed in the step, t", "time per step (ms, log scale)",
+            "One naive step: fixed cost at short t, work at long t")
     return fig
 
 

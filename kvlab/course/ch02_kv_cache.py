@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from . import style
 from .style import CACHED_FACE, MODEL_FACE, NEW_FACE, PROMPT_FACE, Verdict, arrow, box, new_figure, report
 
 
@@ -124,13 +125,8 @@ def step_time_vs_context(contexts, seconds: dict, read_bytes=None):
         first = np.asarray(next(iter(seconds.values())), dtype=float)
         scaled = np.asarray(read_bytes, dtype=float) / read_bytes[-1] * first[-1] * 1e3
         ax.plot(contexts, scaled, "--", color="gray", label="K/V bytes read (scaled)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("positions in the cache, S")
-    ax.set_ylabel("time of one decode step (ms, log scale)")
-    ax.set_title("A cached step is flat only while the cache is small", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    style.log_log(ax, "positions in the cache, S", "time of one decode step (ms, log scale)",
+            "A cached step is flat only while the cache is small")
     return fig
 
 

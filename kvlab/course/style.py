@@ -21,6 +21,18 @@ def new_figure(width: float = 7.0, height: float = 4.0):
     return fig, ax
 
 
+def log_log(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Log-log axes (powers of two along x) with labels, a small title, a grid and the legend: the
+    step-time figures of chapters 01 and 02 all look this way."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def tokens_label(n: int) -> str:
     """128, 4K, 128K, 1M: binary K and M, as context lengths are usually quoted."""
     for unit, size in (("M", 2**20), ("K", 1024)):
