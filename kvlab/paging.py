@@ -232,16 +232,3 @@ class PagedKVCache(KVCache):
         return (f"PagedKVCache(layers={self.config.n_layers}, seq_len={self.seq_len}, "
                 f"block_size={self.block_size}, blocks in use={self.blocks_in_use} of "
                 f"{self.num_blocks}, nbytes={self.nbytes:,})")
-
-
-# The fragmentation simulation moved to kvlab.fragmentation (it builds on this module, so it is
-# imported when one of its names is first asked for here).
-_SIMULATION = ("RequestMix", "sample_requests", "POLICIES", "LAYOUT_KINDS", "SimResult", "simulate")
-
-
-def __getattr__(name: str):
-    if name in _SIMULATION:
-        from . import fragmentation
-
-        return getattr(fragmentation, name)
-    raise AttributeError(f"module 'kvlab.paging' has no attribute {name!r}")

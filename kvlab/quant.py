@@ -309,18 +309,3 @@ class QuantizedTensorStore:
         values = codes.float().reshape(b, n // block, block, width) * scales
         rows = torch.cat([values.reshape(b, n, width).to(self.dtype), self.window[layer]], dim=1)
         return rows.reshape(b, rows.shape[1], self.layout.heads, self.layout.head_dim).transpose(1, 2)
-
-
-
-# Moved: the cache's byte count to kvlab.cache, the measurement harness to kvlab.quality (both
-# import this module, so importing them here at the top would be a cycle). Old names keep working.
-_MOVED = {"quantized_cache_bytes": "cache", "STORAGE": "quality", "measure_cache_error": "quality",
-          "compare_caches": "quality"}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f"kvlab.{_MOVED[name]}"), name)
-    raise AttributeError(f"module 'kvlab.quant' has no attribute {name!r}")

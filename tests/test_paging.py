@@ -3,20 +3,17 @@ import pytest
 import torch
 
 import kvlab
-from kvlab import PRESETS, paging
+from kvlab import PRESETS, fragmentation, paging
 from kvlab.cache import CACHE_KINDS, StaticKVCache, make_cache
+from kvlab.fragmentation import POLICIES, RequestMix, sample_requests, simulate
 from kvlab.generate import generate
 from kvlab.model import Transformer
 from kvlab.paging import (
-    POLICIES,
     BlockAllocator,
     OutOfBlocksError,
     PagedKVCache,
-    RequestMix,
     blocks_needed,
     paged_waste,
-    sample_requests,
-    simulate,
     wasted_slots,
 )
 
@@ -142,14 +139,6 @@ def test_paged_cache_reset_returns_blocks_and_rejects_bad_input():
             PagedKVCache(cfg, 2, 16, **kwargs)
 
 
-def test_the_simulation_lives_in_fragmentation_and_is_reachable_from_paging():
-    from kvlab import fragmentation
-
-    assert paging.simulate is fragmentation.simulate and paging.POLICIES == fragmentation.POLICIES
-    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-        paging.nothing  # noqa: B018
-
-
 def test_paged_is_a_registered_cache_kind():
     assert "paged" in CACHE_KINDS
     assert isinstance(make_cache("paged", PRESETS["tiny-mha"], 2, 10), PagedKVCache)
@@ -273,7 +262,7 @@ def test_layouts_cover_the_memory_without_overlap(requests):
                      block_size=4, layout_step=5)
         covered = np.zeros(512, dtype=int)
         for start, n, kind, _req in r.layout:
-            assert kind in paging.LAYOUT_KINDS and n > 0
+            assert kind in fragmentation.LAYOUT_KINDS and n > 0
             covered[start:start + n] += 1
         assert (covered == 1).all()
 

@@ -273,15 +273,6 @@ def test_compare_caches_labels_each_setting_and_counts_its_bytes():
     assert out["kivi"]["tokens"] == 23 and 0 < out["kivi"]["top1_agreement"] <= 1
 
 
-def test_the_moved_names_are_still_reachable_from_quant():
-    # notebooks written before the move use quant.compare_caches and quant.quantized_cache_bytes
-    assert quant.compare_caches is quality.compare_caches and quant.STORAGE == quality.STORAGE
-    assert quant.measure_cache_error is quality.measure_cache_error
-    assert quant.quantized_cache_bytes is quantized_cache_bytes
-    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-        quant.nothing  # noqa: B018
-
-
 def test_the_layout_is_worked_out_once():
     from kvlab.quant import quantized_layout
 

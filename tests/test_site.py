@@ -176,6 +176,13 @@ def test_the_site_has_the_readme_as_landing_page_one_page_per_chapter_and_the_gu
     assert {"docs/glossary.md", "docs/instructor-guide.md"} <= {p.as_posix() for p in DOCS}
 
 
+def test_chapter_pages_leave_out_the_speaker_notes(built):
+    for path in NOTEBOOKS:
+        nb = nbformat.read(ROOT / path, as_version=4)
+        assert any("speaker-notes" in c.metadata.get("tags", []) for c in nb.cells), path
+        assert "Speaker notes" not in "".join(_parse(_page(built, path)).text), path
+
+
 def test_chapters_come_in_file_order_and_follow_each_other(built):
     for before, after in zip(NOTEBOOKS, NOTEBOOKS[1:], strict=False):
         refs = _parse(_page(built, before)).refs

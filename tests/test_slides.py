@@ -118,8 +118,8 @@ def test_structure_setup_and_outputs(tmp_path):
     tries = code("from kvlab import hf\n\ntry:\n    real = hf.load()\nexcept ImportError:\n    real = None")
     cells = run(tmp_path, [md("# Title"), setup, imports, helper, code("x = 1"), md("## Section"),
                            md("### Part"), md("plain prose"), printed, mostly_work, tries])
-    assert kinds(cells) == ["slide", "skip", "skip", "skip", "notes", "-", "slide", "subslide", "-", "-", "-",
-                            "-"]
+    # "### Part" right after the bare "## Section" stays on its slide: no slide holds a title alone
+    assert kinds(cells) == ["slide", "skip", "skip", "skip", "notes", "-", "slide", "-", "-", "-", "-", "-"]
     assert cells[9].outputs[0].text == "1\n"  # outputs untouched
     hidden = cells[4].source  # the title slide's notes (after the hidden cells) say what those do
     assert "Colab set-up" in hidden and "imports (torch, kvlab)" in hidden and "def helper" in hidden
@@ -135,9 +135,21 @@ def test_a_run_taller_than_the_budget_continues_on_a_sub_slide(tmp_path):
 def test_a_plot_gets_a_sub_slide_with_its_lead_in(tmp_path):
     prose = md(" ".join(["A long paragraph of explanation."] * 60))  # several lines of prose
     lead = md("The plot below shows it:")
-    cells = run(tmp_path, [md("# Title"), md("## Section"), prose, lead, plot_cell("fig = draw()"),
-                           md("What the plot shows."), md("## Next\n\nOne line."), plot_cell("fig = draw()")])
-    assert kinds(cells) == ["slide", "slide", "-", "subslide", "-", "subslide", "slide", "-"]
+    comment = md("What the plot shows.")  # a short comment stays with its plot
+    longer = md("\n".join(["A longer discussion of it."] * 4))  # anything longer goes on
+    cells = run(tmp_path, [md("# Title"), md("## Section"), prose, lead, plot_cell("fig = draw()"), comment,
+                           longer, md("## Next\n\nOne line."), plot_cell("fig = draw()")])
+    assert kinds(cells) == ["slide", "slide", "-", "subslide", "-", "-", "subslide", "slide", "-"]
+
+
+def test_a_sentence_leading_into_code_moves_with_it_and_solutions_come_after_their_question(tmp_path):
+    long_code = "\n".join(f"x{i} = {i}" for i in range(20))  # about 390 px
+    question = md("Exercise: what is x19?")
+    solution = code("answer = 19")
+    solution.metadata["tags"] = ["solution"]
+    cells = run(tmp_path, [md("# Title"), md("## Section"), code(long_code), md("The same, once more:"),
+                           code(long_code), question, solution, code("check(answer)")])
+    assert kinds(cells) == ["slide", "slide", "-", "subslide", "-", "-", "subslide", "-"]
 
 
 def test_height_estimate_reads_images_and_grows_with_content():

@@ -21,6 +21,10 @@ def _is_solution(cell) -> bool:
     return student.SOLUTION_TAG in cell.metadata.get("tags", [])
 
 
+def _is_notes(cell) -> bool:
+    return student.NOTES_TAG in cell.metadata.get("tags", [])
+
+
 @pytest.fixture(scope="module")
 def copies(tmp_path_factory):
     out = tmp_path_factory.mktemp("student")
@@ -43,7 +47,8 @@ def test_student_copy_has_no_solutions_and_no_outputs(path, copies):
         assert "solution_answer" not in cell.source or "solution_answer" not in text
     assert all(not c.get("outputs") and c.get("execution_count") is None
                for c in copy.cells if c.cell_type == "code")
-    kept = [c.source for c in original.cells if not _is_solution(c)]
+    assert not any(map(_is_notes, copy.cells)) and "Speaker notes" not in text  # for the presenter only
+    kept = [c.source for c in original.cells if not _is_solution(c) and not _is_notes(c)]
     assert [c.source for c in copy.cells] == kept
 
 
@@ -56,7 +61,8 @@ def test_every_exercise_checker_call_remains(path, copies):
     if any(map(_is_solution, original.cells)):
         assert solved, "solution cells found, but none calls its chapter's checker (chNN.<checker>(…))"
     assert solved <= asked, f"exercises with a solution but no learner cell: {sorted(solved - asked)}"
-    before = [c.source for c in original.cells if not _is_solution(c) and CHECK_CALL.search(c.source)]
+    before = [c.source for c in original.cells
+              if not _is_solution(c) and not _is_notes(c) and CHECK_CALL.search(c.source)]
     after = [c.source for c in copy.cells if CHECK_CALL.search(c.source)]
     assert after == before
 

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import colab  # noqa: E402
 from run_notebooks import snapshot_widgets  # noqa: E402
+from slides import NOTES_TAG  # noqa: E402
 
 DOCS_ORDER = ["instructor-guide", "glossary", "references", "architecture"]
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
@@ -126,8 +127,9 @@ def stage(src: Path, root: Path = ROOT) -> None:
         nb = nbformat.read(root / path, as_version=4)
         snapshot_widgets(nb)
         for cell in nb.cells:
-            if colab.SETUP_TAG in cell.metadata.get("tags", []):  # installs on Colab: no use on a web page
-                cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]
+            tags = cell.metadata.get("tags", [])
+            if colab.SETUP_TAG in tags or NOTES_TAG in tags:  # Colab installs, speaker notes: not for a page
+                cell.metadata["tags"] = [*tags, "remove-cell"]
             if cell.cell_type == "markdown":
                 cell.source = fold_mermaid(rewrite_links(cell.source, path.as_posix(), site_pages, root)
                                            .replace(BADGE_IMAGE, posixpath.relpath(LOCAL_BADGE, "notebooks")))

@@ -19,7 +19,11 @@ How it decides, cell by cell:
   in JupyterLab RISE at 1280×800 by tests/ui/test_ui_slides.py), and a cell that would take the
   slide past BUDGET_PX starts a sub-slide;
 - a plot or widget gets a sub-slide of its own (with the one short sentence that leads into it,
-  when both fit), and the cell after it starts a new sub-slide;
+  when both fit); a short comment after it stays on its slide when it fits, anything else starts a new
+  sub-slide. Likewise a cell pushed onto a new sub-slide by the height budget takes the short sentence
+  before it along (a sentence ending in ":" stays with its code);
+- a worked solution (a cell tagged `solution`) starts a sub-slide: the room sees the question first;
+- a `### ` heading right after a bare `## ` heading stays on its slide (no slide with a title alone);
 - speaker notes: the chapter's section of docs/instructor-guide.md is parsed; its "Goals" go to the
   title slide, each "Run live" bullet `§N, …` (or `Part N: …`, or `"Name": …`) to the notebook
   section whose heading has that number (or name), other bullets to the title slide,
@@ -45,6 +49,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "instructor-guide.md"
 SKIP_TAGS = {"colab-setup", "slides-skip"}
+SOLUTION_TAG = "solution"  # a worked answer (tools/student.py removes them): on a sub-slide of its own
 NOTES_TAG = "speaker-notes"
 BUDGET_PX = 640  # content height a slide may take; the browser test checks against 700 px
 LEAD_IN_LINES = 3  # a markdown cell this short before a plot shares the plot's sub-slide
@@ -60,7 +65,7 @@ TABLE_ROW_PX, MATH_PX = 20.1, 48.6
 CODE_BASE_PX, CODE_LINE_PX = 22.5, 18.1  # a code cell's input
 STREAM_BASE_PX, STREAM_LINE_PX = 6.3, 16.9  # printed output
 IMAGE_BASE_PX, SLIDE_WIDTH_PX = 63, 1152  # an inline PNG: its pixel height, shrunk to the slide width
-WIDGET_PX = 680  # a live explorer: controls, a plot of fixed height, a readout (03's measured 678 px)
+WIDGET_PX = 640  # a live explorer: controls, its 400-px plot area, a readout (03: 678 px with a 450-px area)
 HTML_ROW_PX, HTML_BASE_PX, HTML_LINE_PX = 37, 16, 24  # a pandas table's row; lines of other HTML
 
 # --- how tall a cell is on a slide ---------------------------------------------------------------
@@ -216,11 +221,27 @@ def shows_plot(cell) -> bool:
                and "application/vnd.jupyter.widget-view+json" in d for d in data)
 
 
+def is_solution(cell) -> bool:
+    return SOLUTION_TAG in cell.metadata.get("tags", [])
+
+
+def _short_prose(cell) -> bool:
+    """A markdown cell of a sentence or two, without a heading: it leads into, or comments on, a cell."""
+    text = cell.source.strip()
+    return (cell.cell_type == "markdown" and not text.startswith("#") and not heading_level(cell)
+            and len(text.splitlines()) <= LEAD_IN_LINES)
+
+
+def _only_heading(cell) -> bool:
+    """A markdown cell that is a heading line and nothing else."""
+    return bool(heading_level(cell)) and len(cell.source.strip().splitlines()) == 1
+
+
 def slide_types(cells: list) -> list[str]:
     """The RISE slide type of every cell (rules in the module docstring)."""
     kinds: list[str] = []
     used = 0.0  # estimated height of the (sub-)slide being filled
-    after_plot = False
+    after_plot = heading_alone = False  # heading_alone: the (sub-)slide so far is one bare heading
     for i, cell in enumerate(cells):
         if is_notes(cell):
             kinds.append("notes")
@@ -231,30 +252,35 @@ def slide_types(cells: list) -> list[str]:
         height = cell_height(cell)
         if i == 0 or heading_level(cell) == 2:
             kind = "slide"
-        elif heading_level(cell) == 3 or after_plot:
+        elif heading_level(cell) == 3 and not heading_alone:
+            kind = "subslide"
+        elif is_solution(cell):  # the answer comes after the question, not with it
+            kind = "subslide"
+        elif after_plot and not (_short_prose(cell) and used + height <= BUDGET_PX):
             kind = "subslide"
         elif shows_plot(cell) and (used > SHORT_INTRO_PX or used + height > BUDGET_PX):
-            kind, used = _plot_slide(cells, kinds, i, height)
+            kind, used = _lead_in(cells, kinds, i, height)
         elif used + height > BUDGET_PX:
-            kind = "subslide"
+            kind, used = _lead_in(cells, kinds, i, height)
         else:
             kind = "-"
         used = height if kind in ("slide", "subslide") else used + height
-        after_plot = shows_plot(cell)
+        heading_alone = kind in ("slide", "subslide") and _only_heading(cell)
+        after_plot = shows_plot(cell) or (after_plot and kind == "-")  # a joined comment: still the plot's
         kinds.append(kind)
     return kinds
 
 
-def _plot_slide(cells: list, kinds: list[str], i: int, height: float) -> tuple[str, float]:
-    """A plot after longer content gets a sub-slide of its own, together with the short markdown cell
-    that leads into it when both fit. Returns the plot cell's kind and the height above it."""
+def _lead_in(cells: list, kinds: list[str], i: int, height: float) -> tuple[str, float]:
+    """Cell i starts a new sub-slide; the short markdown cell that leads into it comes along when both
+    fit (a sentence ending in ":" stays with its code, a caption with its plot). Returns cell i's kind
+    and the height above it on its sub-slide."""
     j = i - 1
     while kinds[j] in ("notes", "skip"):
         j -= 1
     lead = cells[j]
-    if (j > 0 and kinds[j] in ("-", "subslide") and lead.cell_type == "markdown" and not heading_level(lead)
-            and len(lead.source.strip().splitlines()) <= LEAD_IN_LINES
-            and cell_height(lead) + height <= BUDGET_PX):
+    fits = cell_height(lead) + height <= BUDGET_PX
+    if j > 0 and kinds[j] in ("-", "subslide") and _short_prose(lead) and fits:
         kinds[j] = "subslide"
         return "-", cell_height(lead)
     return "subslide", 0.0
@@ -332,7 +358,7 @@ def notes_source(lines: list[str]) -> str:
     """The notes cell's text. RISE's speaker view shows a notes cell's source, not its rendering, so
     the text is kept plain: bullets and labels, no bold."""
     body = "\n\n".join(line if re.match(r"(- |[A-Z][\w ]*:)", line) else f"- {line}" for line in lines)
-    title = "Speaker notes (from docs/instructor-guide.md; the slides show them in the speaker view, key T)"
+    title = "Speaker notes (from the instructor guide: speaker view, key T)"
     body = re.sub(r"\[([^\]]*)\]\((?!https?:)[^)]*\)", r"\1", body)  # a notebook opened alone has no docs/
     body = re.sub(r"`((?:docs|benchmarks|notebooks)/[^`]*)`", r"\1", body)  # (tests/test_colab.py checks)
     return title + "\n\n" + body.replace("**", "")

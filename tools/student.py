@@ -1,7 +1,8 @@
 """Write solution-free student copies of the notebooks: `make student` (or `python tools/student.py`).
 
-Cells tagged `solution` are removed (nbconvert's TagRemovePreprocessor) and every output is cleared,
-so a learner opens `student/NN_name.ipynb`, runs it top to bottom, and meets each exercise with
+Cells tagged `solution` are removed (nbconvert's TagRemovePreprocessor), and so are the instructor's
+speaker notes (cells tagged `speaker-notes`, made by tools/slides.py); every output is cleared, so a
+learner opens `student/NN_name.ipynb`, runs it top to bottom, and meets each exercise with
 `answer = None` and a checker that prints a hint instead of the worked solution.
 """
 
@@ -12,13 +13,14 @@ import nbformat
 from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
 
 SOLUTION_TAG = "solution"
+NOTES_TAG = "speaker-notes"  # tools/slides.py's speaker notes: for the presenter only
 OUT_DIR = Path("student")
 
 
 def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook without solution cells and without outputs (changed in place and returned)."""
+    """The notebook without solution cells, speaker notes and outputs (changed in place and returned)."""
     resources: dict = {}
-    nb, _ = TagRemovePreprocessor(remove_cell_tags={SOLUTION_TAG}).preprocess(nb, resources)
+    nb, _ = TagRemovePreprocessor(remove_cell_tags={SOLUTION_TAG, NOTES_TAG}).preprocess(nb, resources)
     nb, _ = ClearOutputPreprocessor().preprocess(nb, resources)
     return nb
 

@@ -112,7 +112,7 @@ def draw_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
     except ValueError as err:
         if model != "custom":
             raise
-        fig, ax = new_figure(7.5, 4.2)
+        fig, ax = new_figure(9.0, 3.6)
         ax.text(0.5, 0.5, f"custom shape not valid:\n{err}", ha="center", va="center", wrap=True,
                 transform=ax.transAxes)
         ax.set_axis_off()
@@ -182,7 +182,7 @@ def memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: 
     cache = np.asarray(cache_bytes, dtype=float)
     wt, cap = float(weight_bytes), float(capacity_bytes)
     total = wt + cache
-    fig, ax = new_figure(9.0, 4.2)
+    fig, ax = new_figure(9.0, 3.6)
     if trained_context and trained_context < s[-1]:
         ax.axvspan(max(trained_context, s[0]), s[-1], color="#999999", alpha=0.18, lw=0,
                    label=f"beyond the trained\ncontext ({trained_context:,})")

@@ -80,7 +80,7 @@ def kv_cache_bars(rows, title: str = ""):
     labels = [r[0] for r in rows]
     actual = np.array([r[1] for r in rows], dtype=float) / GiB
     mha = np.array([r[2] for r in rows], dtype=float) / GiB
-    fig, ax = new_figure(8.5, 0.55 * len(rows) + 1.4)
+    fig, ax = new_figure(8.5, 0.38 * len(rows) + 1.2)
     y = np.arange(len(rows))[::-1]
     ax.barh(y, mha, 0.7, color="#DDDDDD", edgecolor="#999999", hatch="//", label="same shape with MHA")
     for yi, a, m, row in zip(y, actual, mha, rows, strict=True):
@@ -261,7 +261,7 @@ def gqa_memory(seq_lens, curves: dict, seq_len: int, title: str = "", message: s
     import numpy as np
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.0, 4.2), layout="constrained",
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained",
                                  gridspec_kw={"width_ratios": [1.5, 1]})
     s = np.asarray(seq_lens, dtype=float)
     for label, (values, _) in curves.items():

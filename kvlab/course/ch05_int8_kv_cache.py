@@ -212,7 +212,7 @@ def quant_memory_and_error(seq_lens, curves: dict, chosen: str, seq_len: int, er
     Right: the measured relative errors of the chosen setting (`errors`: name -> value)."""
     import numpy as np
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.2), layout="constrained",
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained",
                                       gridspec_kw={"width_ratios": [1.35, 1]})
     lens = np.asarray(seq_lens, dtype=float)
     colors = {"fp32": "#7f7f7f", "fp16": "#1f77b4", "int8": "#2ca02c", "int4": "#9467bd"}

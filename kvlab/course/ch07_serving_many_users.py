@@ -79,7 +79,7 @@ def kv_memory_layout(panels: dict, width: int = 64):
 
     panels maps a title to (layout, capacity) or, for a paged layout, (layout, capacity,
     block_size); a layout is a list of (start slot, length, kind, request) as
-    `kvlab.paging.simulate(..., layout_step=…)` records it. A request's number is written where
+    `kvlab.fragmentation.simulate(..., layout_step=…)` records it. A request's number is written where
     its chunk starts (a black bar marks the start) or, for a paged panel, in each of its blocks.
     """
     import numpy as np
@@ -88,7 +88,7 @@ def kv_memory_layout(panels: dict, width: int = 64):
 
     kinds = list(LAYOUT_PARTS)
     rows = [-(-panel[1] // width) for panel in panels.values()]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 0.9 + 0.22 * sum(rows) + 0.5 * len(panels)),
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 0.9 + 0.15 * sum(rows) + 0.5 * len(panels)),
                              layout="constrained", squeeze=False,
                              gridspec_kw={"height_ratios": rows})
     for ax, (title, panel) in zip(axes[:, 0], panels.items(), strict=True):

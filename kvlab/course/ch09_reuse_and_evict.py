@@ -63,7 +63,7 @@ def budget_curve(measurements: dict, title: str = "Held-out loss against cache b
                  current: tuple[str, int] | None = None):
     """Loss against budget, one line per policy; "full" as a horizontal line at its one value
     (it holds the whole stream). `current` = (policy, budget) is marked."""
-    fig, ax = new_figure(7.5, 4.2)
+    fig, ax = new_figure(7.5, 3.6)
     budgets, losses = measurements["budgets"], measurements["losses"]
     for policy, values in losses.items():
         color = POLICY_COLORS.get(policy, None)

@@ -106,7 +106,7 @@ def explorer_plot(draw, controls: dict, readout, skip=lambda: False):
         plt.close(fig)
 
     out = w.interactive_output(update, controls)
-    out.layout = w.Layout(height="450px", overflow="hidden")
+    out.layout = w.Layout(height="400px", overflow="hidden")  # a 3.6-inch figure (371 px) and margins
     out.add_class("kvlab-plot")
     return out
 

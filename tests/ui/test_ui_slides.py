@@ -1,8 +1,4 @@
-"""Not collected by `make test` yet (named check_…, not test_…): some chapters still have cells taller
-than a slide (issue 20 is open). Run it by name: `pytest tests/ui/check_slides_fit.py`; rename it to
-test_ui_slides.py once it passes, so CI keeps it passing.
-
-Every chapter presented as slides, the way an instructor shows it: JupyterLab RISE in Chromium at 1280×800.
+"""Every chapter presented as slides, the way an instructor shows it: JupyterLab RISE in Chromium at 1280×800.
 
 For each chapter, open `/rise/<notebook>` (stored outputs, no cell is run), walk every slide and sub-slide
 through reveal.js's own API, and measure each slide's content (the section's scrollHeight) against the
@@ -12,10 +8,10 @@ fails listing every such slide (with its cells' heights), on a chapter that pres
 slides, and when the notebook's speaker-notes cells do not reach the slides' speaker view.
 
 Chapter 03 is also presented live: after "Run All" in JupyterLab (how the instructor guide says to
-prepare), its memory explorer's cell is re-run from the slide view with Shift+Enter. The explorer should
-then render, answer a slider drag with a new plot, and fit its slide; with jupyterlab_rise 0.43.1 and
-jupyterlab_widgets >= 3.0.11 it renders as text instead (an upstream bug): that one failure is a strict
-xfail.
+prepare), its memory explorer's cell is re-run from the slide view with Shift+Enter. The explorer must
+then render as a widget, answer a slider drag with a new plot, and still fit its slide. (That needs the
+`lab` extra's jupyterlab_widgets 3.0.10: jupyterlab_rise 0.43 cannot load newer widget managers,
+jupyterlab-contrib/rise#119, and the explorer then shows as text.)
 """
 
 from __future__ import annotations
@@ -206,15 +202,6 @@ def test_a_cell_runs_again_from_the_slide_view(live_slides):
     assert errors.count() == 0, errors.first.inner_text()[-1500:]
 
 
-class WidgetShownAsText(Exception):
-    """The explorer's output shows as its text form, not as a widget."""
-
-
-@pytest.mark.xfail(raises=WidgetShownAsText, strict=True, reason=(
-    "jupyterlab_rise 0.43.1 cannot load the widget manager of jupyterlab_widgets >= 3.0.11 (it needs "
-    "@jupyterlab/console, which the slide app does not share), so widgets show as text: "
-    "https://github.com/jupyterlab-contrib/rise/issues/119. With jupyterlab_widgets 3.0.10 they render. "
-    "Strict, and only for that failure: any other failure, or a pass, is reported."))
 def test_the_explorer_answers_in_the_slide_view(live_slides, screenshot_dir):
     """The explorer re-run on its slide renders as a widget, a slider drag redraws its plot, and the
     slide with the live explorer still fits the screen."""
@@ -223,9 +210,9 @@ def test_the_explorer_answers_in_the_slide_view(live_slides, screenshot_dir):
     slider = cell.locator(".widget-slider").first
     try:
         slider.wait_for(timeout=15_000)
-    except Exception as err:
+    except Exception as err:  # e.g. a newer jupyterlab_widgets than the `lab` extra pins
         shown = cell.locator(".jp-OutputArea").inner_text()[:300]
-        raise WidgetShownAsText(f"no slider on the slide; the output shows: {shown!r}") from err
+        pytest.fail(f"the explorer shows no slider on its slide; the output shows: {shown!r}\n{err}")
     cell.locator(".widget-output img").first.wait_for(timeout=60_000)
     image = cell.evaluate("n => n.querySelector('.widget-output img').src")
     page.screenshot(path=screenshot_dir / "slides-03-explorer-before.png")
