@@ -258,9 +258,7 @@ def slide_types(cells: list) -> list[str]:
             kind = "subslide"
         elif after_plot and not (_short_prose(cell) and used + height <= BUDGET_PX):
             kind = "subslide"
-        elif shows_plot(cell) and (used > SHORT_INTRO_PX or used + height > BUDGET_PX):
-            kind, used = _lead_in(cells, kinds, i, height)
-        elif used + height > BUDGET_PX:
+        elif used + height > BUDGET_PX or (shows_plot(cell) and used > SHORT_INTRO_PX):
             kind, used = _lead_in(cells, kinds, i, height)
         else:
             kind = "-"
