@@ -41,14 +41,14 @@ bench: $(STAMP)
 	$(MAKE) bench-data
 
 # After copying a result into benchmarks/ by hand (a GPU run): ship the same files in the package.
+# It refuses when benchmarks/ holds no result, and says which files it wrote or removed.
 bench-data:
-	mkdir -p kvlab/data/benchmarks
-	rm -f kvlab/data/benchmarks/*.json
-	cp benchmarks/*.json kvlab/data/benchmarks/
+	python3 tools/bench_data.py
 
 # Solution-free copies of every notebook (cells tagged `solution` removed, outputs cleared) in student/.
+# A copy you changed is kept, never overwritten: FORCE=1 replaces it (after a timestamped backup).
 student: $(STAMP)
-	$(PY) tools/student.py
+	$(PY) tools/student.py $(if $(FORCE),--force)
 
 # The course website in _build/site/ (index.html), from the stored notebooks; nothing is executed.
 site: $(STAMP)

@@ -172,7 +172,9 @@ def main(argv: list[str]) -> None:
             nbformat.write(nb, path)
             print(f"{arg}: {n} widget output(s) replaced by snapshots", flush=True)
         else:
-            print(f"{arg}: {run(path):.1f} s", flush=True)
+            print(f"{arg}: executing (the stored outputs will be replaced; your edits to its cells are kept)",
+                  flush=True)
+            print(f"{arg}: wrote its new outputs in {run(path):.1f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
     python tools/site.py [--out DIR]
 
-It stages the sources in _build/site-src/ and runs Sphinx with site/conf.py on them:
+It stages the sources in a temporary folder and runs Sphinx with site/conf.py on them. It only ever
+replaces a folder it built itself (marked with a `.kvlab-site` file): an existing folder without the
+marker, the repository or any folder of its sources is refused, and nothing is deleted.
 - index: the README, with the navigation (every notebook present in notebooks/, in file order,
   then the docs pages that exist);
 - one page per notebook, rendered from its stored outputs, widget outputs turned into static
@@ -24,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -107,12 +110,11 @@ def index_page(readme: str, notebooks: list[Path], docs: list[Path]) -> str:
 
 
 def stage(src: Path, root: Path = ROOT) -> None:
-    """Write the site's sources into src (emptied first)."""
+    """Write the site's sources into src, a folder that must not exist yet (nothing is replaced)."""
     notebooks, docs = pages(root)
     site_pages = {"README.md", *(p.as_posix() for p in notebooks + docs)}
-    if src.exists():
-        shutil.rmtree(src)
-    (src / "notebooks").mkdir(parents=True)
+    src.mkdir(parents=True)
+    (src / "notebooks").mkdir()
     (src / "docs").mkdir()
     (src / LOCAL_BADGE).parent.mkdir()
     shutil.copyfile(root / "site" / "open-in-colab.svg", src / LOCAL_BADGE)
@@ -136,24 +138,62 @@ def stage(src: Path, root: Path = ROOT) -> None:
         nbformat.write(nb, src / path)
 
 
-def build(out: Path, root: Path = ROOT) -> Path:
-    """Stage the sources and build the HTML site into out; return out/index.html."""
-    work = out.parent / f"{out.name}-src"
-    doctrees = out.parent / f"{out.name}-doctrees"
-    stage(work, root)
-    for path in (out, doctrees):
-        if path.exists():
-            shutil.rmtree(path)
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-q", "-W", "--keep-going",
-           "-c", str(root / "site"), "-d", str(doctrees), str(work), str(out)]
-    env = {**os.environ, "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0"}
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"sphinx-build failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    notebooks, _ = pages(root)
-    for path in notebooks:  # the download button gives the notebook as stored in the repository
-        shutil.copyfile(root / path, out / "_sources" / path)
-    (out / ".nojekyll").write_text("")
+MARKER = ".kvlab-site"  # written into every folder this tool builds: only such a folder is replaced
+
+
+class UnsafeOutputError(ValueError):
+    """The output folder holds something this tool did not build: it is never deleted."""
+
+
+def check_output(out: Path, root: Path = ROOT) -> None:
+    """Refuse an output folder that is, holds or lies inside something this tool must not replace:
+    the repository (or a folder above it), a folder of the repository's own sources, or any existing
+    non-empty folder without the marker of an earlier site build."""
+    out, root = out.resolve(), root.resolve()
+    if out == root or root.is_relative_to(out):
+        raise UnsafeOutputError(f"--out {out} is or contains the repository {root}; the site is "
+                                "built into a folder of its own (default: _build/site)")
+    if out.is_relative_to(root) and out.relative_to(root).parts[0] not in ("_build", "build"):
+        raise UnsafeOutputError(f"--out {out} lies among the repository's own files; build into "
+                                f"{root / '_build' / 'site'} (the default) or outside the repository")
+    if out.exists() and not out.is_dir():
+        raise UnsafeOutputError(f"--out {out} is a file, not a folder; nothing was changed")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise UnsafeOutputError(f"--out {out} already holds files that no earlier `make site` wrote "
+                                f"(it has no {MARKER} marker); nothing was deleted: choose an empty or "
+                                "new folder")
+
+
+def build(out: Path, root: Path = ROOT, log=None) -> Path:
+    """Stage the sources and build the HTML site into out; return out/index.html.
+
+    out must be new, empty, or an earlier build of this tool (`check_output`): only then is it
+    replaced. The staged sources and Sphinx's caches go to a temporary folder, removed afterwards."""
+    out = Path(out).resolve()
+    check_output(out, root)
+    say = log or (lambda _msg: None)
+    with tempfile.TemporaryDirectory(prefix="kvlab-site-") as tmp:
+        work, doctrees, fresh = Path(tmp) / "src", Path(tmp) / "doctrees", Path(tmp) / "html"
+        say(f"site: staging {len(pages(root)[0])} notebooks and the docs pages")
+        stage(work, root)
+        cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-q", "-W", "--keep-going",
+               "-c", str(root / "site"), "-d", str(doctrees), str(work), str(fresh)]
+        env = {**os.environ, "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0"}
+        say("site: running Sphinx (a few minutes on two cores)")
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"sphinx-build failed ({result.returncode}):\n"
+                               f"{result.stdout}\n{result.stderr}")
+        notebooks, _ = pages(root)
+        for path in notebooks:  # the download button gives the notebook as stored in the repository
+            shutil.copyfile(root / path, fresh / "_sources" / path)
+        (fresh / ".nojekyll").write_text("")
+        (fresh / MARKER).write_text("built by tools/site.py; `make site` replaces this folder\n")
+        if out.exists():  # an earlier build (checked above): replaced only once the new one is whole
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(fresh, out)
+    say(f"site: wrote {out} ({sum(1 for _ in out.rglob('*.html'))} HTML pages)")
     return out / "index.html"
 
 
@@ -161,7 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "_build" / "site"), help="output folder")
     args = parser.parse_args(argv)
-    print(f"site: {build(Path(args.out).resolve())}")
+    try:
+        index = build(Path(args.out), log=lambda msg: print(msg, flush=True))
+    except UnsafeOutputError as err:
+        raise SystemExit(f"site: refused: {err}") from None
+    print(f"site: open {index}")
 
 
 if __name__ == "__main__":
