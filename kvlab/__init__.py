@@ -14,7 +14,6 @@ from . import (
     gqa,
     memory,
     model,
-    paging,
     pretrained,
     quality,
     quant,
@@ -23,6 +22,5 @@ from . import (
 from .config import PRESETS, ModelConfig
 
 __all__ = ["ModelConfig", "PRESETS", "attention", "cache", "config", "env", "fragmentation",
-           "generate", "gqa", "memory", "model", "quant", "quality", "paging", "pretrained",
-           "validate"]
+           "generate", "gqa", "memory", "model", "quant", "quality", "pretrained", "validate"]
 __version__ = "0.1.0"

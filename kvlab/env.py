@@ -47,6 +47,24 @@ def setup(threads: int | None = None) -> torch.device:
     return dev
 
 
+def available_memory(dev=None) -> int | None:
+    """Bytes that can still be allocated on `dev` (default: the CPU): the GPU's free memory, or the
+    system's available memory (Linux /proc/meminfo); None where it cannot be told."""
+    dev = torch.device("cpu" if dev is None else dev)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0] if torch.cuda.is_available() else None
+    if dev.type == "meta":
+        return None
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def on_colab() -> bool:
     return "COLAB_RELEASE_TAG" in os.environ or "google.colab" in sys.modules
 

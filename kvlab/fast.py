@@ -18,8 +18,10 @@ can be captured once as a CUDA graph (`mode="graph"`) or compiled with
 `torch.compile(mode="reduce-overhead")` (`mode="compile"`) and replayed: one launch instead of
 hundreds of small ones. `mode="eager"` (the default) runs the same function as plain PyTorch and
 works everywhere, the CPU included. The weights are the model's own modules: nothing is copied.
-`kvlab.generate.generate(..., cache="static")` decodes through the same step (over the
-StaticKVCache's buffers), and both drive it with the one loop of `kvlab.sampling.decode_loop`.
+This is a path of its own, named as such (`fast_generate`), beside `kvlab.generate.generate`, which
+runs the model's forward with any cache; both drive the one loop of `kvlab.sampling.decode_loop`, and
+in fp32 they give the same greedy tokens. The decoder counts the positions it has filled itself
+(`seq_len`), outside the recorded step.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .cache import StaticKVCache
+from .cache.base import allocate
 from .env import cpp_compiler
 from .model import Transformer
 from .sampling import as_batch, check_generate_args, check_sampling, decode_loop, make_generator
@@ -47,13 +49,12 @@ class FastDecoder(nn.Module):
     `step(ids, input_pos)` feeds ids (B, T) at positions input_pos (T,) and returns the logits of
     the last position (B, vocab). Prefill calls it with the whole prompt (T = prompt length),
     decoding with T = 1. The cache buffers are registered buffers of this module, so a CUDA graph
-    or `torch.compile` sees them as fixed addresses it may update in place. `storage`: a
-    StaticKVCache whose buffers (their first max_seq_len positions) the decoder writes instead of
-    its own, as `kvlab.generate` does.
+    or `torch.compile` sees them as fixed addresses it may update in place. `seq_len` counts the
+    positions written so far (kept in Python by `fast_generate`, since a replayed graph runs no
+    Python).
     """
 
-    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int, *,
-                 storage: StaticKVCache | None = None):
+    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int):
         super().__init__()
         cfg = model.config
         batch_size = integer("batch_size", batch_size, 1)
@@ -65,11 +66,9 @@ class FastDecoder(nn.Module):
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
         param = next(model.parameters())
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
-        if storage is None:
-            k = torch.zeros(shape, dtype=param.dtype, device=param.device)
-            v = torch.zeros_like(k)
-        else:  # a StaticKVCache's buffers (kvlab.generate decodes through them): its first positions
-            k, v = _borrow(storage, shape, param)
+        k = allocate(shape, param.dtype, param.device, "the fast decoder's K cache")
+        v = torch.zeros_like(k)
+        self.seq_len = 0
         self.register_buffer("k", k, persistent=False)
         self.register_buffer("v", v, persistent=False)
         # Made once: positions 0..S_max-1 as a row (the mask of a step is `slots <= position`), and
@@ -146,6 +145,7 @@ class FastDecoder(nn.Module):
         """Clear the cache (not needed for correctness: the mask hides old positions)."""
         self.k.zero_()
         self.v.zero_()
+        self.seq_len = 0
 
 
 class _LayerWeights(NamedTuple):
@@ -291,8 +291,11 @@ def fast_generate(model: Transformer, input_ids, max_new_tokens: int, *, mode: s
     step_fn = step_fn or make_step(decoder, mode)
     times = []
 
+    decoder.seq_len = 0
+
     def forward(feed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # The prefill (T = prompt length) runs eagerly: a graph or compiled step is for T = 1.
+        decoder.seq_len += feed.shape[1]  # counted here, outside the step a graph replays
         return (step_fn if feed.shape[1] == 1 else decoder.step)(feed, positions)
 
     def after_prefill(step: int, _ids: torch.Tensor) -> None:
@@ -313,18 +316,3 @@ def fast_generate(model: Transformer, input_ids, max_new_tokens: int, *, mode: s
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _borrow(storage: StaticKVCache, shape: tuple[int, ...],
-            param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of the first shape[3] positions of a StaticKVCache's K and V buffers, after checking
-    that they fit the model (layers, batch, KV heads, head size, dtype, device)."""
-    have = tuple(storage.k.shape)
-    if have[:3] + have[4:] != shape[:3] + shape[4:] or have[3] < shape[3]:
-        raise ValueError(f"the cache's buffers have shape {have} (layers, batch, KV heads, positions, "
-                         f"head size); this model and prompt need {shape}")
-    if storage.k.dtype != param.dtype or storage.k.device != param.device:
-        raise ValueError(f"the cache holds {storage.k.dtype} on {storage.k.device}; the model is "
-                         f"{param.dtype} on {param.device}")
-    n = shape[3]
-    return storage.k[:, :, :, :n], storage.v[:, :, :, :n]

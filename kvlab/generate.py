@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .cache import CACHE_KINDS, KVCache, StaticKVCache, make_cache
-from .fast import FastDecoder
+from .cache import CACHE_KINDS, KVCache, make_cache
 from .sampling import as_batch, check_generate_args, check_sampling, decode_loop, make_generator
 
 
@@ -75,8 +74,9 @@ def generate(model, input_ids, max_new_tokens: int, cache: str | KVCache | None 
     filled with it). on_token(step, new_ids) is called after each step, e.g. to print text.
     attention_mask (B, T): 1 for tokens, 0 for padding, which must be on the left.
     Every forward pass is recorded as a `Step` (tokens fed, K/V rows, seconds; FLOPs with
-    count_flops=True, counted on the model's own forward). A static cache without a padding mask
-    decodes through the fixed-shape step of `kvlab.fast` (the same maths, fewer operations).
+    count_flops=True). Every cache kind goes through the model's own forward; the fixed-shape step
+    that a CUDA graph can replay is `kvlab.fast.fast_generate` (the same maths, fewer operations).
+    On a GPU the steps are timed with CUDA events, read once at the end (no wait between steps).
     """
     cfg = model.config
     param = next(model.parameters())
@@ -90,21 +90,16 @@ def generate(model, input_ids, max_new_tokens: int, cache: str | KVCache | None 
         cache = make_cache(cache, cfg, batch, total, dtype=param.dtype, device=param.device)
     elif cache is not None:
         _check_cache_object(cache, cfg, batch, total, param)
+    if on_token is not None and not callable(on_token):
+        raise ValueError(f"on_token={on_token!r} must be a function (step, new_ids) -> None, or None")
     out = Generation(tokens=ids, prompt_len=prompt_len)
-    fixed_shape = type(cache) is StaticKVCache and mask is None and not count_flops
-    if fixed_shape:  # the cache's own buffers, written by the fixed-shape step
-        forward = FastDecoder(model, batch, total, storage=cache).step
-    else:
-        forward = _model_forward(model, cache, mask)
-    forward = _recorded(forward, out.steps, count_flops, param.device)
+    timer = _StepTimer(param.device)
+    forward = _recorded(_model_forward(model, cache, mask), out.steps, count_flops, timer)
     out.tokens = decode_loop(forward, ids, max_new_tokens, naive=cache is None,
                              temperature=temperature, top_k=top_k,
                              generator=make_generator(seed, param.device),
                              eos_token_id=eos_token_id, on_token=on_token)
-    if fixed_shape:  # the step wrote K and V but keeps no count: every token but the last was fed
-        filled = out.tokens.shape[1] - 1
-        cache.set_length(filled)
-        cache.bytes_copied += 2 * cache.k[:, :, :, :filled].nbytes
+    timer.fill(out.steps)
     return out
 
 
@@ -116,24 +111,51 @@ def _model_forward(model, cache: KVCache | None, mask: torch.Tensor | None):
     return forward
 
 
-def _recorded(forward, steps: list[Step], count_flops: bool, device: torch.device):
-    """forward, timed (and its FLOPs counted if asked), appending one Step a call to `steps`."""
-    sync = device.type == "cuda"  # GPU work is asynchronous: wait for it, or the time is launch time
+class _StepTimer:
+    """Times each forward pass: perf_counter on the CPU; on a GPU, a pair of CUDA events around
+    each pass (the GPU records when it reaches them), read after the loop with one synchronize, so
+    the timing never makes the CPU wait for the GPU between steps."""
 
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events: list[tuple] = []
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, started) -> float | None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append((started, event))
+            return None  # known once the GPU has run it: fill()
+        return time.perf_counter() - started
+
+    def fill(self, steps: list[Step]) -> None:
+        """Write the GPU times into the steps (after the loop: one synchronize for all)."""
+        if self.cuda and self.events:
+            self.events[-1][1].synchronize()
+            for step, (begin, end) in zip(steps, self.events, strict=True):
+                step.seconds = begin.elapsed_time(end) / 1000
+
+
+def _recorded(forward, steps: list[Step], count_flops: bool, timer: _StepTimer):
+    """forward, timed (and its FLOPs counted if asked), appending one Step a call to `steps`."""
     def timed(feed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if sync:
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        started = timer.start()
         if count_flops:
             with FlopCounterMode(display=False) as counter:
                 logits = forward(feed, positions)
             flops = counter.get_total_flops()
         else:
             logits, flops = forward(feed, positions), None
-        if sync:
-            torch.cuda.synchronize(device)
+        seconds = timer.stop(started)
         n = feed.shape[1]
-        steps.append(Step(fed_tokens=n, kv_rows=n, seconds=time.perf_counter() - t0, flops=flops))
+        steps.append(Step(fed_tokens=n, kv_rows=n, seconds=seconds or 0.0, flops=flops))
         return logits
     return timed
 

@@ -2,10 +2,20 @@
 
 Read it top to bottom: `Transformer.forward` embeds tokens, runs `n_layers` blocks and projects
 to logits. The only line the KV cache adds is in `Attention.forward`, marked `# KV cache`: the
-new keys and values go into the cache, and attention runs over everything cached so far.
+new keys and values go into the cache, and attention runs over what the cache hands back. The
+cache also says which of those keys each new query may see (`kvlab.cache.base`), and the mask is
+built from that, so every kind of cache (bounded ones included) gets the right attention.
+
+Attention is split at a seam: `Attention.project` makes q, k, v; `Attention.attend(q, k, v, mask)`
+does the attention itself. `attend_with(model, fn)` swaps in another `attend` for a while (the
+explicit attention of chapter 01, a recorder of attention weights, the oracle's probes) without
+touching the rest of the model.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -63,18 +73,85 @@ class Attention(nn.Module):
         self.split = [q_size, kv_size, kv_size]
         self.qkv = nn.Linear(config.d_model, sum(self.split), bias=config.qkv_bias)  # fused Q, K, V
         self.out = nn.Linear(q_size, config.d_model, bias=False)
+        self.attend = attention  # (q, k, v, mask) -> output: the seam `attend_with` swaps
 
-    def forward(self, x, cos, sin, mask, cache=None, layer: int = 0):
+    def project(self, x, cos, sin):
+        """q (B, H, T, D), k and v (B, H_kv, T, D) of x (B, T, d_model), q and k rotated by RoPE."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x).split(self.split, dim=-1)
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)      # (B, H, T, D)
         k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, H_kv, T, D)
         v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, masking: _Masking, cache=None, layer: int = 0):
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # KV cache: store the new K, V; get all of them back
-        y = attention(q, k, v, mask)
+            if cache.needs_queries:
+                cache.receive_queries(layer, q)
+            k, v = cache.update(layer, k, v)  # KV cache: store the new K, V; get what to attend over
+        y = self.attend(q, k, v, masking(cache, layer))
         return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class _Masking:
+    """Which keys each new query may see in one forward pass: causal order, the cache's own rule
+    (a window's band), padding. A cache that returns keys 0..S-1 in order gets one mask for every
+    layer (None when a single new token may see them all)."""
+
+    def __init__(self, start: int, t: int, device, keep: torch.Tensor | None, n_rep: int):
+        self.start, self.t, self.device = start, t, device
+        self.keep, self.n_rep = keep, n_rep  # keep: (B, start + T) bool, False for padding
+        self.shared: tuple[torch.Tensor | None] | None = None
+
+    def __call__(self, cache, layer: int) -> torch.Tensor | None:
+        positions = None if cache is None else cache.key_positions(layer)
+        if positions is None:
+            if self.shared is None:  # the same in every layer: built once
+                self.shared = (self._in_order(),)
+            return self.shared[0]
+        q = torch.arange(self.start, self.start + self.t, device=self.device)
+        mask = cache.visible(q, positions)                 # (T, S) or (B, H_kv, T, S)
+        if self.keep is not None:
+            if positions.dim() == 1:
+                real = self.keep[:, positions][:, None, None, :]                 # (B, 1, 1, S)
+            else:
+                b, h, s = positions.shape
+                real = self.keep.gather(1, positions.reshape(b, -1)).view(b, h, 1, s)
+            mask = (mask & real) | (positions[..., None, :] == q[:, None])  # a padding query sees itself
+        if mask.dim() == 4 and mask.shape[1] > 1 and self.n_rep > 1:
+            mask = mask.repeat_interleave(self.n_rep, dim=1)  # per KV head -> per query head
+        return mask
+
+    def _in_order(self) -> torch.Tensor | None:
+        t, s = self.t, self.start + self.t
+        mask = causal_mask(t, s, self.device) if t > 1 else None
+        if self.keep is None:
+            return mask  # one new token may look at every cached one: no mask needed
+        # Padding keys are hidden; a padding query sees itself (softmax over nothing would be NaN).
+        keys, queries = torch.arange(s, device=self.device), torch.arange(self.start, s, device=self.device)
+        itself = keys == queries[:, None]
+        real = self.keep[:, None, None, :s] | itself
+        return real if mask is None else mask & real
+
+
+@contextmanager
+def attend_with(model: Transformer, fn: Callable) -> Iterator[Transformer]:
+    """`with attend_with(model, fn): …` runs every layer's attention as fn(layer, q, k, v, mask)
+    instead of kvlab.attention.attention (fn may call it): q (B, H, T, D), k and v (B, H_kv, S, D)
+    as the cache hands them back, mask (bool, True = may see) or None."""
+    def at(layer: int):
+        return lambda q, k, v, mask: fn(layer, q, k, v, mask)
+
+    saved = [block.attn.attend for block in model.layers]
+    try:
+        for i, block in enumerate(model.layers):
+            block.attn.attend = at(i)
+        yield model
+    finally:
+        for block, attend in zip(model.layers, saved, strict=True):
+            block.attn.attend = attend
 
 
 class FeedForward(nn.Module):
@@ -98,8 +175,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.ffn = FeedForward(config)
 
-    def forward(self, x, cos, sin, mask, cache=None, layer: int = 0):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, layer)
+    def forward(self, x, cos, sin, masking, cache=None, layer: int = 0):
+        x = x + self.attn(self.attn_norm(x), cos, sin, masking, cache, layer)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -142,23 +219,47 @@ class Transformer(nn.Module):
 
         With a cache, input_ids are the tokens after those already cached (a prompt to prefill,
         or one new token to decode). `attention_mask` (B, cached + T), 1 for real tokens and 0 for
-        padding, lets a batch hold prompts of different lengths (left-padded).
+        padding, lets a batch hold prompts of different lengths (left-padded). A cache that must
+        evict between tokens (`cache.max_chunk`) is fed in several passes; the logits are the same
+        as one pass would give.
         """
         input_ids = self._check_ids(input_ids)
         b, t = input_ids.shape
-        start = 0
-        if cache is not None:
-            cache.check_compatible(self.config, b, self.embed.weight.dtype, input_ids.device)
-            start = cache.seq_len
-        if start + t > self.config.max_seq_len:
-            raise ValueError(f"sequence of {start + t} tokens exceeds "
+        if attention_mask is not None:
+            attention_mask = _check_padding(attention_mask, (b, (cache.seq_len if cache else 0) + t),
+                                            input_ids.device)
+        if cache is None:
+            return self._forward(input_ids, None, attention_mask)
+        cache.check_compatible(self.config, b, self.embed.weight.dtype, input_ids.device)
+        if cache.renumbers_positions and attention_mask is not None:
+            raise ValueError(f"{type(cache).__name__} numbers positions by their place in the cache, "
+                             "which padding would shift: it takes no attention_mask (use one sequence "
+                             "a cache, or positions='original')")
+        logits, done = [], 0
+        while done < t:  # one pass, unless the cache must evict between tokens
+            n = cache.max_chunk(t - done)
+            seen = cache.seq_len + n
+            logits.append(self._forward(input_ids[:, done:done + n], cache,
+                                        None if attention_mask is None else attention_mask[:, :seen]))
+            done += n
+        return logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)
+
+    def _forward(self, input_ids, cache, attention_mask) -> torch.Tensor:
+        b, t = input_ids.shape
+        device = input_ids.device
+        start = 0 if cache is None else cache.seq_len  # stream position of the first new token
+        positions, keep = self._rope_positions(b, t, start, cache, attention_mask, device)
+        # The last RoPE position: the stream's, unless the cache renumbers them (then read it).
+        last = int(positions[-1]) if cache is not None and cache.renumbers_positions else start + t - 1
+        if last >= self.config.max_seq_len:
+            raise ValueError(f"sequence of {last + 1} tokens exceeds "
                              f"max_seq_len={self.config.max_seq_len}")
-        positions, mask = self._positions_and_mask(b, t, start, attention_mask, input_ids.device)
         cos = self.rope_cos[positions].to(self.embed.weight.dtype)
         sin = self.rope_sin[positions].to(self.embed.weight.dtype)
+        masking = _Masking(start, t, device, keep, self.config.n_rep)
         x = self.embed(input_ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, cache, i)
+            x = layer(x, cos, sin, masking, cache, i)
         return self.lm_head(self.norm(x))
 
     def _check_ids(self, input_ids) -> torch.Tensor:
@@ -187,34 +288,39 @@ class Transformer(nn.Module):
                                  f"allowed 0..{vocab - 1}")
         return input_ids
 
-    def _positions_and_mask(self, b, t, start, attention_mask, device):
-        """RoPE positions, (T,) or (B, 1, T), and the boolean attention mask (or None)."""
-        if attention_mask is None:
-            positions = torch.arange(start, start + t, device=device)
-            # One new token may look at every cached one: no mask needed on the decode path.
-            return positions, (causal_mask(t, start + t, device) if t > 1 else None)
-        if not isinstance(attention_mask, torch.Tensor):
-            raise ValueError(f"attention_mask must be a tensor; got a {type(attention_mask).__name__}")
-        if attention_mask.shape != (b, start + t):
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; "
-                             f"expected (batch, cached + new) = {(b, start + t)}")
-        keep = attention_mask.to(device=device, dtype=torch.bool)
-        if not torch.equal(keep, attention_mask.to(device)):
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (a real token)")
-        # Positions count the real tokens from the left: right padding would put a padding row
-        # where the next token goes, and give that row a wrong continuation without a word.
-        right_padded = (keep[:, :-1] & ~keep[:, 1:]).any(dim=1)
-        if bool(right_padded.any()):
-            row = int(right_padded.nonzero()[0, 0])
-            raise ValueError(f"attention_mask row {row} has a 0 after a 1 (right padding); pad on "
-                             "the left: zeros first, then the tokens")
-        positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, None, start:]  # pads don't count
-        mask = causal_mask(t, start + t, device) & keep[:, None, None, :]
-        # A padding query would see no key at all (softmax of nothing = NaN): let it see itself.
-        itself = torch.arange(start + t, device=device) == torch.arange(start, start + t,
-                                                                       device=device)[:, None]
-        mask = mask | itself
-        return positions, mask
+    def _rope_positions(self, b, t, start, cache, keep, device):
+        """RoPE positions of the new tokens, (T,) or (B, 1, T), and the padding mask (B, start + T)
+        as given (None without one). Padding does not count: a row's first real token is position 0."""
+        if keep is None:
+            positions = (torch.arange(start, start + t, device=device) if cache is None
+                         else cache.rope_positions(t, device))
+            return positions, None
+        return (keep.long().cumsum(-1) - 1).clamp(min=0)[:, None, start:], keep
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _check_padding(attention_mask, shape: tuple[int, int], device) -> torch.Tensor:
+    """attention_mask (1 = token, 0 = padding, on the left) as a bool tensor of `shape`, or a clear
+    error: wrong shape or values, right padding, a row that is all padding."""
+    if not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"attention_mask must be a tensor; got a {type(attention_mask).__name__}")
+    if tuple(attention_mask.shape) != shape:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; "
+                         f"expected (batch, cached + new) = {shape}")
+    keep = attention_mask.to(device=device, dtype=torch.bool)
+    if not torch.equal(keep, attention_mask.to(device)):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (a real token)")
+    # Positions count the real tokens from the left: right padding would put a padding row where
+    # the next token goes, and give that row a wrong continuation without a word.
+    right_padded = (keep[:, :-1] & ~keep[:, 1:]).any(dim=1)
+    if bool(right_padded.any()):
+        row = int(right_padded.nonzero()[0, 0])
+        raise ValueError(f"attention_mask row {row} has a 0 after a 1 (right padding); pad on "
+                         "the left: zeros first, then the tokens")
+    if not bool(keep[:, -1].all()):
+        row = int((~keep[:, -1]).nonzero()[0, 0])
+        raise ValueError(f"attention_mask row {row} is all padding: every sequence needs at least "
+                         "one real token")
+    return keep

@@ -11,9 +11,9 @@ the *granularity*; for a tensor laid out (..., tokens, channels), as K and V are
   few large "outlier" channels would otherwise blow up every token's scale).
 
 int4 codes are kept one per int8 element here; `Quantized.nbytes` counts them packed two per byte
-(see `pack_int4`), as a real kernel would store them. `QuantizedLayout` and `QuantizedTensorStore`
-are the storage of one side (K or V) of `kvlab.cache.QuantizedKVCache`; what quantization costs in
-model quality is measured by `kvlab.quality`.
+(see `pack_int4`), as a real kernel would store them. The quantized cache built on these functions
+is `kvlab.cache.QuantizedKVCache`; what quantization costs in model quality is measured by
+`kvlab.quality`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from . import validate
 
 GRANULARITIES = ("tensor", "token", "channel")
 BITS = (8, 4)
@@ -185,127 +183,3 @@ def _check_granularity(granularity, x: torch.Tensor) -> None:
     if granularity != "tensor" and x.dim() < 2:
         raise ValueError(f"granularity={granularity!r} needs a (..., tokens, channels) tensor; "
                          f"got shape {tuple(x.shape)}")
-
-
-# --- how a quantized K or V cache is laid out and stored (kvlab.cache.QuantizedKVCache) ----------
-
-@dataclass(frozen=True)
-class QuantizedLayout:
-    """How one side (K or V) of a QuantizedKVCache lays out one sequence of one layer: worked out
-    once, used by the cache to allocate and by `quantized_cache_bytes` to count."""
-
-    heads: int          # n_kv_heads
-    head_dim: int
-    bits: int
-    granularity: str
-    block: int          # tokens that share a scale: 1 per token, else group_size
-    max_seq_len: int
-    residual: int       # most recent tokens kept in full precision
-
-    @property
-    def width(self) -> int:
-        return self.heads * self.head_dim  # values per token
-
-    @property
-    def code_width(self) -> int:
-        return self.width * self.bits // 8  # int4: two codes a byte (width is even)
-
-    @property
-    def n_blocks(self) -> int:
-        return -(-self.max_seq_len // self.block)  # ceiling division: a partial block has a scale
-
-    @property
-    def scale_width(self) -> int:
-        return self.width if self.granularity == "channel" else 1
-
-    @property
-    def window_capacity(self) -> int:
-        # Not yet quantized: the residual window plus an unfinished block of up to block - 1 tokens.
-        return min(self.residual + self.block - 1, self.max_seq_len)
-
-    def nbytes(self, scale_bytes: int, window_bytes: int) -> int:
-        return (self.max_seq_len * self.code_width + self.n_blocks * self.scale_width * scale_bytes
-                + self.window_capacity * self.width * window_bytes)
-
-
-def quantized_layout(config, max_seq_len: int, granularity: str, bits: int = 8,
-                     group_size: int = 32, residual: int = 0) -> QuantizedLayout:
-    """The validated layout of one side of a QuantizedKVCache."""
-    validate.choice("granularity", granularity, GRANULARITIES)
-    check_bits(bits)
-    width = config.n_kv_heads * config.head_dim
-    if bits == 4 and width % 2:
-        raise ValueError(f"bits=4 packs two codes a byte: n_kv_heads × head_dim = {width} must be even")
-    block = 1 if granularity == "token" else validate.integer("group_size", group_size)
-    return QuantizedLayout(config.n_kv_heads, config.head_dim, bits, granularity, block,
-                           validate.integer("max_seq_len", max_seq_len),
-                           validate.integer("residual", residual, low=0))
-
-
-class QuantizedTensorStore:
-    """The K (or V) half of a QuantizedKVCache: codes, scales and the full-precision window."""
-
-    def __init__(self, layout: QuantizedLayout, n_layers: int, batch: int, dtype, scale_dtype,
-                 device):
-        self.layout, self.dtype, self.device = layout, dtype, device
-        self.n_layers, self.batch = n_layers, batch
-        self.codes = torch.zeros(n_layers, batch, layout.max_seq_len, layout.code_width,
-                                 dtype=torch.int8, device=device)
-        self.scales = torch.zeros(n_layers, batch, layout.n_blocks, 1, layout.scale_width,
-                                  dtype=scale_dtype, device=device)
-        # The window grows by concatenation; counted at full capacity, as if pre-allocated.
-        element = torch.empty((), dtype=dtype).element_size()
-        self.window_bytes = n_layers * batch * layout.window_capacity * layout.width * element
-        self.reset()
-
-    def reset(self) -> None:
-        self.quantized = [0] * self.n_layers  # tokens stored as codes, a multiple of layout.block
-        self.window = [torch.zeros(self.batch, 0, self.layout.width, dtype=self.dtype,
-                                   device=self.device) for _ in range(self.n_layers)]
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes + self.scales.nbytes + self.window_bytes
-
-    def append(self, layer: int, x: torch.Tensor) -> tuple[int, int]:
-        """Add x (B, H, T, D); quantize every block that is complete and older than `residual`.
-        Returns (bytes written, tensors allocated)."""
-        block, width = self.layout.block, self.layout.width
-        rows = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], width).to(self.dtype)
-        window = torch.cat([self.window[layer], rows], dim=1)
-        ready = max(window.shape[1] - self.layout.residual, 0) // block * block
-        written = 0
-        if ready:
-            codes, scales = self._quantize_blocks(window[:, :ready])
-            q0, b0 = self.quantized[layer], self.quantized[layer] // block
-            self.codes[layer, :, q0:q0 + ready] = codes
-            self.scales[layer, :, b0:b0 + ready // block] = scales
-            self.quantized[layer] = q0 + ready
-            written = codes.nbytes + scales.nbytes
-            window = window[:, ready:].clone()
-        self.window[layer] = window
-        return written + window.nbytes, 1
-
-    def _quantize_blocks(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, n·block, width) -> codes (B, n·block, code width), scales (B, n, 1, scale width)."""
-        b, t, w = x.shape
-        block, bits, granularity = self.layout.block, self.layout.bits, self.layout.granularity
-        blocks = x.reshape(b, t // block, block, w)
-        if granularity == "tensor":  # one scale per block: a "token" of block·width values
-            q = quantize(blocks.reshape(b, t // block, 1, block * w), "token", bits, self.scales.dtype)
-        else:
-            q = quantize(blocks, granularity, bits, self.scales.dtype)
-        codes = q.data.reshape(b, t, w)
-        return (pack_int4(codes) if bits == 4 else codes), q.scale
-
-    def read(self, layer: int) -> torch.Tensor:
-        """Everything stored for `layer`, dequantized, as (B, H, S, D) in the cache's dtype."""
-        n, block, width = self.quantized[layer], self.layout.block, self.layout.width
-        codes = self.codes[layer, :, :n]
-        if self.layout.bits == 4:
-            codes = unpack_int4(codes)
-        b = codes.shape[0]
-        scales = self.scales[layer, :, :n // block].float()
-        values = codes.float().reshape(b, n // block, block, width) * scales
-        rows = torch.cat([values.reshape(b, n, width).to(self.dtype), self.window[layer]], dim=1)
-        return rows.reshape(b, rows.shape[1], self.layout.heads, self.layout.head_dim).transpose(1, 2)

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from . import validate
-from .attention import repeat_kv
+from .attention import attention, repeat_kv
 from .cache import DynamicKVCache
-from .generate import as_batch, generate
-from .model import Transformer, apply_rope
+from .generate import generate
+from .model import Transformer, attend_with
+from .sampling import as_batch
 
 
 @dataclass(frozen=True)
@@ -93,30 +94,6 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1)
 
 
-class _NewestQueryRecorder:
-    """Forward hooks on every attention layer: the fed tokens' last query, with RoPE, against the
-    cache as it stands after the layer stored its new K and V."""
-
-    def __init__(self, model: Transformer, cache: DynamicKVCache):
-        self.cache, self.weights = cache, {}
-        self.handles = [layer.attn.register_forward_hook(self._hook(i))
-                        for i, layer in enumerate(model.layers)]
-
-    def _hook(self, index: int):
-        def hook(attn, args, output):
-            x, cos, sin = args[0], args[1], args[2]
-            b, t, _ = x.shape
-            q = attn.qkv(x).split(attn.split, dim=-1)[0]
-            q = q.view(b, t, attn.n_heads, attn.head_dim).transpose(1, 2)
-            q = apply_rope(q, cos, sin)[:, :, -1:]          # the newest token's query
-            self.weights[index] = attention_weights(q, self.cache.keys[index])[0, :, 0]
-        return hook
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 @torch.inference_mode()
 def record(model: Transformer, prompt, max_new_tokens: int) -> DecodeTrace:
     """Record a greedy cached decode of `prompt` (token ids, one sequence) for max_new_tokens steps."""
@@ -126,27 +103,30 @@ def record(model: Transformer, prompt, max_new_tokens: int) -> DecodeTrace:
         raise ValueError(f"record() follows one sequence; the prompt has batch {ids.shape[0]}")
     expected = generate(model, ids, max_new_tokens, cache="dynamic")  # checks the arguments too
     cache = DynamicKVCache(model.config)
-    recorder = _NewestQueryRecorder(model, cache)
+    newest: dict[int, torch.Tensor] = {}
+
+    def recorder(layer, q, k, v, mask):  # the newest token's query against every cached key
+        newest[layer] = attention_weights(q[:, :, -1:], k)[0, :, 0]
+        return attention(q, k, v, mask)
+
     weights, sizes, feed, tokens = [], [], ids, ids[0].tolist()
-    try:
+    with attend_with(model, recorder):
         for _ in range(max_new_tokens):
             nxt = int(model(feed, cache=cache)[0, -1].argmax())
-            weights.append(torch.stack([recorder.weights[i] for i in range(model.config.n_layers)]))
+            weights.append(torch.stack([newest[i] for i in range(model.config.n_layers)]))
             sizes.append(cache.nbytes)
             tokens.append(nxt)
             feed = torch.tensor([[nxt]], device=ids.device)
-    finally:
-        recorder.remove()
     if tokens != expected.tokens[0].tolist():  # the recording must be the decode it claims to be
         raise RuntimeError("the recorded decode differs from generate(); please report this")
     total = ids.shape[1] + max_new_tokens - 1
-    attention = torch.zeros(max_new_tokens, model.config.n_layers, model.config.n_heads, total)
+    attention_all = torch.zeros(max_new_tokens, model.config.n_layers, model.config.n_heads, total)
     for step, w in enumerate(weights):
-        attention[step, :, :, : w.shape[-1]] = w.cpu()
+        attention_all[step, :, :, : w.shape[-1]] = w.cpu()
     keys = torch.stack([k[0] for k in cache.keys]).float().cpu()
     values = torch.stack([v[0] for v in cache.values]).float().cpu()
     return DecodeTrace(prompt_len=ids.shape[1], tokens=tokens, keys=keys, values=values,
-                       attention=attention, cache_bytes=sizes, n_rep=model.config.n_rep)
+                       attention=attention_all, cache_bytes=sizes, n_rep=model.config.n_rep)
 
 
 # --- byte-level tokens, readably -----------------------------------------------------------------

@@ -73,3 +73,53 @@ def test_every_notebook_imports_its_chapter(path):
     assert mine and (COURSE / f"{mine[0]}.py").exists(), f"{path.name} does not import its chapter module"
     assert not re.search(r"from kvlab import [^\n]*\b(plots|widgets|check)\b|kvlab\.(plots|widgets|check)\b",
                          code)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """kvlab module -> the kvlab modules it imports (anywhere in the file, lazy imports included).
+    `from package import name` is an edge to package.name when that is a module, else to package."""
+    files = {_module_name(p): p for p in KVLAB.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        edges = set()
+        for module in imported_modules(path):
+            if module in files:
+                edges.add(module)
+        # `from kvlab import cache` names the package and its submodule; keep the submodule only
+        graph[name] = {m for m in edges if not any(o.startswith(m + ".") for o in edges) and m != name}
+    return graph
+
+
+def test_no_import_cycle_anywhere_in_kvlab():
+    graph = import_graph()
+    assert "kvlab.cache.base" in graph and "kvlab.model" in graph
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_the_cache_package_holds_every_kind_and_the_old_homes_are_gone():
+    for old in ("cache.py", "paging.py", "window.py"):
+        assert not (KVLAB / old).exists(), f"kvlab/{old} should be gone (no shims)"
+    kinds = {p.stem for p in (KVLAB / "cache").glob("*.py")}
+    assert kinds >= {"__init__", "base", "dense", "quantized", "paged", "prefix", "window", "heavy_hitters"}

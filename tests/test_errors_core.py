@@ -6,11 +6,18 @@ import pytest
 import torch
 
 from kvlab import PRESETS
-from kvlab.cache import CACHE_KINDS, DynamicKVCache, QuantizedKVCache, StaticKVCache, make_cache
+from kvlab.cache import (
+    CACHE_KINDS,
+    BlockAllocator,
+    DynamicKVCache,
+    PagedKVCache,
+    QuantizedKVCache,
+    StaticKVCache,
+    make_cache,
+)
 from kvlab.config import resolve
-from kvlab.fragmentation import RequestMix, sample_requests, simulate
+from kvlab.fragmentation import RequestMix, paged_waste, sample_requests, simulate
 from kvlab.model import Transformer
-from kvlab.paging import BlockAllocator, PagedKVCache, paged_waste
 from kvlab.quant import dequantize, quantize
 
 CFG = PRESETS["tiny-gqa"]  # 2 layers, 4 heads, 2 KV heads, head_dim 16, vocabulary 256
@@ -60,15 +67,15 @@ def test_set_length_on_a_static_cache_declares_positions_filled():
         cache.set_length(2.5)
 
 
-def test_set_length_shortens_a_dynamic_cache_and_refuses_to_grow_it():
+def test_crop_shortens_a_dynamic_cache_and_refuses_to_grow_it():
     cache = DynamicKVCache(CFG)
     k, v = kv(6)
     for layer in range(CFG.n_layers):
         cache.update(layer, k, v)
-    cache.set_length(4)
+    cache.crop(4)
     assert cache.seq_len == 4 and torch.equal(cache.keys[0], k[:, :, :4])
     with pytest.raises(ValueError, match=r"n=5 must be an integer in \[0, 4\]"):
-        cache.set_length(5)
+        cache.crop(5)
 
 
 def test_set_length_on_a_paged_cache_takes_and_returns_blocks():
@@ -81,12 +88,15 @@ def test_set_length_on_a_paged_cache_takes_and_returns_blocks():
     assert cache.blocks_in_use == 0 and cache.allocator.num_free == cache.num_blocks
 
 
-def test_a_quantized_cache_can_only_be_emptied():
-    cache = QuantizedKVCache(CFG, 1, 16)
-    cache.update(0, *kv(3))
-    with pytest.raises(ValueError, match="n=2: a QuantizedKVCache can only be emptied"):
-        cache.set_length(2)
-    cache.set_length(0)
+def test_a_quantized_cache_crops_only_what_is_still_in_full_precision():
+    cache = QuantizedKVCache(CFG, 1, 16, key_granularity="token", residual=2)
+    for layer in range(CFG.n_layers):
+        cache.update(layer, *kv(5))  # per-token keys and values: 3 quantized, the newest 2 kept exact
+    cache.crop(3)
+    assert cache.seq_len == 3
+    with pytest.raises(ValueError, match=r"crop\(n=2\): positions 0..2 are already quantized.*n >= 3"):
+        cache.crop(2)
+    cache.crop(0)
     assert cache.seq_len == 0
 
 

@@ -5,7 +5,6 @@ import torch
 from needs import require
 
 from kvlab import PRESETS
-from kvlab.cache import StaticKVCache
 from kvlab.env import cpp_compiler, half_dtype
 from kvlab.fast import FastDecoder, fast_generate, make_step
 from kvlab.generate import generate
@@ -145,13 +144,11 @@ def test_eos_stops_fast_generate_as_it_stops_generate():
     assert (got[0, 4 + 3:] == eos).all()
 
 
-def test_a_decoder_over_a_static_cache_writes_into_its_buffers():
+def test_the_decoder_counts_the_positions_it_fills():
     model = model_for(CONFIGS["gqa"])
-    cache = StaticKVCache(model.config, 1, 32)
-    dec = FastDecoder(model, 1, 10, storage=cache)
-    with torch.inference_mode():
-        dec.step(torch.tensor([[1, 2, 3]]), torch.arange(3))
-    assert dec.k.data_ptr() == cache.k.data_ptr() and dec.k.shape[3] == 10
-    assert cache.k[:, :, :, :3].abs().sum() > 0 and cache.k[:, :, :, 3:].abs().sum() == 0
-    with pytest.raises(ValueError, match="need"):
-        FastDecoder(model, 2, 10, storage=cache)
+    dec = FastDecoder(model, 1, 16)
+    out = fast_generate(model, [1, 2, 3], 5, decoder=dec)
+    assert dec.seq_len == 3 + 5 - 1  # the prompt and every generated token but the last were fed
+    assert dec.k[:, :, :, :7].abs().sum() > 0 and dec.k[:, :, :, 7:].abs().sum() == 0
+    fast_generate(model, [4, 5], 2, decoder=dec)  # a second request on the same decoder starts over
+    assert dec.seq_len == 3 and out.tokens.shape == (1, 8)

@@ -135,13 +135,20 @@ def test_cache_scales_linearly_with_tokens_and_batch():
 
 
 @pytest.mark.parametrize("torch_dtype, name", [(torch.float32, "fp32"), (torch.float16, "fp16"),
-                                               (torch.bfloat16, "bf16"), (torch.int8, "int8")])
+                                               (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("preset", ["tiny-mha", "tiny-gqa", "tiny-mqa"])
 def test_static_cache_nbytes_equals_the_formula(torch_dtype, name, preset):
     config = PRESETS[preset]
     cache = StaticKVCache(config, batch_size=3, max_seq_len=40, dtype=torch_dtype)
     assert cache.k.shape == (config.n_layers, 3, config.n_kv_heads, 40, config.head_dim)
     assert cache.nbytes == kv_cache_bytes(config, 40, batch_size=3, dtype=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int64, torch.bool, "fp16"])
+def test_a_cache_refuses_a_dtype_that_cannot_hold_keys(dtype):
+    """An integer buffer would truncate every key (0.7 -> 0): quantized storage is QuantizedKVCache."""
+    with pytest.raises(ValueError, match="cannot hold keys and values; allowed: a floating-point"):
+        StaticKVCache(PRESETS["tiny-mha"], batch_size=1, max_seq_len=8, dtype=dtype)
 
 
 def test_static_cache_fp8_nbytes_equals_the_formula():

@@ -2,20 +2,18 @@ import numpy as np
 import pytest
 import torch
 
-import kvlab
-from kvlab import PRESETS, fragmentation, paging
+from kvlab import PRESETS, fragmentation
 from kvlab.cache import CACHE_KINDS, StaticKVCache, make_cache
-from kvlab.fragmentation import POLICIES, RequestMix, sample_requests, simulate
-from kvlab.generate import generate
-from kvlab.model import Transformer
-from kvlab.paging import (
+from kvlab.cache.paged import (
     BlockAllocator,
     OutOfBlocksError,
     PagedKVCache,
     blocks_needed,
-    paged_waste,
     wasted_slots,
 )
+from kvlab.fragmentation import POLICIES, RequestMix, paged_waste, sample_requests, simulate
+from kvlab.generate import generate
+from kvlab.model import Transformer
 
 # --- the allocator -------------------------------------------------------------------------------
 
@@ -142,7 +140,6 @@ def test_paged_cache_reset_returns_blocks_and_rejects_bad_input():
 def test_paged_is_a_registered_cache_kind():
     assert "paged" in CACHE_KINDS
     assert isinstance(make_cache("paged", PRESETS["tiny-mha"], 2, 10), PagedKVCache)
-    assert kvlab.paging is paging
 
 
 @pytest.mark.parametrize("name, batch", [("tiny-mha", 1), ("tiny-gqa", 3), ("tiny-mqa", 2)])

@@ -1,24 +1,16 @@
-"""Prefix caching (kvlab.prefix): shared blocks, copy-on-write, the prefix index, LRU eviction."""
+"""Prefix caching (kvlab.cache.prefix, kvlab.prefix): shared blocks, copy-on-write, the index, LRU."""
 
 import pytest
 import torch
 
 from kvlab import PRESETS, pretrained
+from kvlab.cache import OutOfBlocksError
+from kvlab.cache.prefix import PrefixBlockManager, PrefixKVStore, prefix_hashes
 from kvlab.generate import encode_bytes, generate
 from kvlab.memory import kv_bytes_per_token, param_count
 from kvlab.model import Transformer
 from kvlab.offload import LINKS, offload_seconds, recompute_seconds
-from kvlab.paging import OutOfBlocksError
-from kvlab.prefix import (
-    PrefixBlockManager,
-    PrefixKVStore,
-    prefill_flops,
-    prefix_hashes,
-    run_request,
-    sample_stream,
-    sharing,
-    simulate_stream,
-)
+from kvlab.prefix import prefill_flops, run_request, sample_stream, sharing, simulate_stream
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +162,16 @@ def test_sharing_counts_blocks_bytes_and_prefill():
 
 def test_prefill_flops_and_offloading_arithmetic():
     cfg = PRESETS["llama-2-7b"]
-    assert prefill_flops(cfg, 10) == 20 * param_count(cfg)
+    # 2 FLOPs per weight of the 32 layers (Q, K, V, O: 4·d²; gate, up, down: 3·d·d_ff) per token; the
+    # embedding is a lookup and K/V need no LM head.
+    per_token = 2 * 32 * (4 * 4096**2 + 3 * 4096 * 11008)
+    assert prefill_flops(cfg, 10) == 10 * per_token
+    llama3 = PRESETS["llama-3-8b"]  # the old "2 × all parameters" counted its 128K-row tables twice:
+    assert 2 * param_count(llama3) > 1.14 * prefill_flops(llama3, 1)  # 15 % too many
     t = offload_seconds(cfg, 1024, LINKS["PCIe 4.0 x16"])
     assert t == pytest.approx(kv_bytes_per_token(cfg) * 1024 / 32e9)
     assert offload_seconds(cfg, 1024, LINKS["PCIe 5.0 x16"]) == pytest.approx(t / 2)
-    assert recompute_seconds(cfg, 1024, 1e15) == pytest.approx(2 * param_count(cfg) * 1024 / 1e15)
+    assert recompute_seconds(cfg, 1024, 1e15) == pytest.approx(per_token * 1024 / 1e15)
     with pytest.raises(ValueError, match="bandwidth"):
         offload_seconds(cfg, 1, 0)
 

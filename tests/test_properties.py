@@ -8,11 +8,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvlab.cache import make_cache
+from kvlab.cache import OutOfBlocksError, make_cache
 from kvlab.config import ModelConfig
 from kvlab.generate import generate
 from kvlab.model import Transformer
-from kvlab.paging import OutOfBlocksError
 
 EXPECTED_ERRORS = (ValueError, TypeError, OutOfBlocksError)
 KINDS = ("dynamic", "static", "int8", "paged")
@@ -159,7 +158,7 @@ def test_plan_promises_exactly_the_longest_context_that_fits(config, latent, dty
        ops=st.lists(st.tuples(st.sampled_from(["allocate", "free", "free twice", "free unknown"]),
                               st.integers(0, 12)), max_size=20))
 def test_the_allocator_keeps_its_invariants_whatever_it_is_asked(num_blocks, ops):
-    from kvlab.paging import BlockAllocator
+    from kvlab.cache import BlockAllocator
 
     alloc, held = BlockAllocator(num_blocks), []
     for op, n in ops:

@@ -274,7 +274,7 @@ def test_compare_caches_labels_each_setting_and_counts_its_bytes():
 
 
 def test_the_layout_is_worked_out_once():
-    from kvlab.quant import quantized_layout
+    from kvlab.cache.quantized import quantized_layout
 
     layout = quantized_layout(CFG, 100, "channel", bits=4, group_size=32, residual=5)
     assert (layout.width, layout.code_width, layout.n_blocks, layout.scale_width) == (64, 32, 4, 64)

@@ -1,19 +1,21 @@
-"""Bounded caches (kvlab.window): sliding window with attention sinks, heavy hitters."""
+"""Bounded caches (kvlab.cache.window, kvlab.cache.heavy_hitters) and their measurements (kvlab.eviction)."""
 
 import pytest
 import torch
 
 from kvlab import PRESETS, pretrained
-from kvlab.cache import StaticKVCache
+from kvlab.attention import attention
+from kvlab.cache import HeavyHitterKVCache, SlidingWindowKVCache, StaticKVCache
+from kvlab.eviction import attention_maps, token_losses
 from kvlab.generate import encode_bytes, generate
-from kvlab.model import Transformer
-from kvlab.window import (
-    HeavyHitterKVCache,
-    SlidingWindowKVCache,
-    attention_maps,
-    feed,
-    token_losses,
-)
+from kvlab.model import Transformer, attend_with
+
+
+@torch.inference_mode()
+def feed(model, ids, cache):
+    """All of ids through the model with the cache in one call (the model splits it where the cache
+    must evict between tokens)."""
+    return model(ids, cache=cache)
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +59,46 @@ def test_window_storage_never_grows_and_keeps_sinks_and_the_last_tokens(random_m
     assert cache.kept_positions() == [0, 1, 18, 19, 20, 21, 22]
 
 
-def test_window_matches_attention_restricted_to_the_same_keys(random_model, monkeypatch):
-    """Sliding-window decoding equals full attention with a mask that hides exactly the evicted keys."""
+def _banded(model, ids, window, sinks, attention_mask=None):
+    """Logits of one pass over all of ids without a cache, with the sliding-window mask."""
+    T = ids.shape[1]
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    band = (k <= q) & ((k < sinks) | (k > q - window))
+    with attend_with(model, lambda _i, q_, k_, v_, mask: attention(q_, k_, v_, band if mask is None
+                                                                  else mask & band)):
+        return model(ids, attention_mask=attention_mask)
+
+
+@pytest.mark.parametrize("fed", ["one token at a time", "the prompt in one pass"])
+def test_window_matches_attention_restricted_to_the_same_keys(random_model, fed):
+    """Sliding-window decoding equals full attention with a mask that hides exactly the evicted
+    keys, whether a prompt longer than the window goes in one pass or a token at a time."""
     cfg = random_model.config
     T, window, sinks = 20, 6, 2
     ids = torch.randint(0, cfg.vocab_size, (1, T))
-    got = feed(random_model, ids, SlidingWindowKVCache(cfg, 1, window=window, sinks=sinks))
-    q = torch.arange(T)[:, None]
-    k = torch.arange(T)[None, :]
-    visible = (k <= q) & ((k < sinks) | (k > q - window))
-    import kvlab.model as model_module
+    cache = SlidingWindowKVCache(cfg, 1, window=window, sinks=sinks)
+    if fed == "the prompt in one pass":
+        got = torch.cat([feed(random_model, ids[:, :15], cache), feed(random_model, ids[:, 15:], cache)], 1)
+    else:
+        got = torch.cat([feed(random_model, ids[:, i:i + 1], cache) for i in range(T)], dim=1)
+    torch.testing.assert_close(got, _banded(random_model, ids, window, sinks), rtol=1e-4, atol=1e-5)
 
-    plain = model_module.attention
-    monkeypatch.setattr(model_module, "attention", lambda q_, k_, v_, mask: plain(q_, k_, v_, visible))
-    want = random_model(ids)          # one pass over all T tokens, with the sliding-window mask
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+def test_generate_with_a_window_takes_a_long_prompt_and_a_padded_batch(tiny):
+    """A 38-token prompt and a window of 32 with 4 sinks (the case that used to be refused), and a
+    left-padded batch: generate's tokens are those of greedy decoding under the banded mask."""
+    short = encode_bytes("Sinks and a window: ")
+    long = encode_bytes("The KV cache stores the keys and values")
+    pad = len(long) - len(short)
+    ids = torch.tensor([[0] * pad + short, long])
+    mask = torch.tensor([[0] * pad + [1] * len(short), [1] * len(long)])
+    cache = SlidingWindowKVCache(tiny.config, 2, window=32, sinks=4)
+    out = generate(tiny, ids, 30, cache=cache, attention_mask=mask)
+    tokens, full_mask = ids, mask
+    for _ in range(30):  # greedy decoding by recomputation with the banded mask
+        nxt = _banded(tiny, tokens, 32, 4, full_mask)[:, -1].argmax(-1, keepdim=True)
+        tokens, full_mask = torch.cat([tokens, nxt], 1), torch.cat([full_mask, torch.ones_like(nxt)], 1)
+    assert torch.equal(out.tokens, tokens)
 
 
 def test_cache_positions_stream_past_max_seq_len(random_model):
@@ -81,7 +108,8 @@ def test_cache_positions_stream_past_max_seq_len(random_model):
     cache = SlidingWindowKVCache(cfg, 1, window=8, sinks=2, positions="cache")
     logits = feed(random_model, ids, cache)
     assert logits.shape == (1, n, cfg.vocab_size) and torch.isfinite(logits).all()
-    assert cache.seq_len == 9  # the next token takes the last slot's position
+    assert cache.seq_len == n  # tokens fed; the next one takes the last place's RoPE position:
+    assert cache.rope_positions(1).tolist() == [9]
     with pytest.raises(ValueError, match="max_seq_len"):
         feed(random_model, ids, SlidingWindowKVCache(cfg, 1, window=8, sinks=2))
 
@@ -96,11 +124,12 @@ def test_cache_positions_equal_original_positions_for_a_window_alone(random_mode
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_a_chunk_that_would_evict_is_refused_with_a_clear_message(random_model):
+def test_cache_positions_refuse_a_padding_mask(random_model):
     cfg = random_model.config
-    cache = SlidingWindowKVCache(cfg, 1, window=4, sinks=1)
-    with pytest.raises(ValueError, match="holds 5 positions.*one token at a time"):
-        random_model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+    cache = SlidingWindowKVCache(cfg, 2, window=4, sinks=1, positions="cache")
+    with pytest.raises(ValueError, match="takes no attention_mask"):
+        random_model(torch.zeros(2, 6, dtype=torch.long), cache=cache,
+                     attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6]))
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, None, "8", True])
@@ -112,14 +141,19 @@ def test_window_rejects_bad_sizes(bad):
         SlidingWindowKVCache(cfg, 1, window=4, positions="relative")
 
 
-def test_window_reset_and_set_length(random_model):
+def test_window_crop_goes_back_as_far_as_its_held_tokens_allow(random_model):
     cfg = random_model.config
     cache = SlidingWindowKVCache(cfg, 1, window=4)
     feed(random_model, torch.zeros(1, 9, dtype=torch.long), cache)
-    with pytest.raises(ValueError, match="reset to 0"):
-        cache.set_length(3)
+    cache.crop(8)  # the window still holds what a query at position 8 needs
+    with pytest.raises(ValueError, match="can crop to n >= 8 or to 0.*rollback=R"):
+        cache.crop(5)
     cache.reset()
     assert cache.seq_len == 0 and cache.stored == 0
+    roomy = SlidingWindowKVCache(cfg, 1, window=4, rollback=3)
+    feed(random_model, torch.zeros(1, 9, dtype=torch.long), roomy)
+    roomy.crop(6)
+    assert roomy.seq_len == 6 and roomy.kept_positions() == [2, 3, 4, 5]
 
 
 # --- heavy hitters --------------------------------------------------------------------------------
@@ -177,9 +211,23 @@ def test_heavy_hitter_scores_are_the_attention_received(random_model):
 
 
 def test_heavy_hitters_need_the_queries(random_model):
+    cfg = random_model.config
+    cache = HeavyHitterKVCache(cfg, 1, budget=8)
+    k = torch.zeros(1, cfg.n_kv_heads, 3, cfg.head_dim)
+    with pytest.raises(ValueError, match="needs the queries"):
+        cache.update(0, k, k)  # called directly, without the model handing the queries over
+    feed(random_model, torch.zeros(1, 3, dtype=torch.long), cache)  # the model does
+    assert cache.seq_len == 3
+
+
+def test_heavy_hitters_cannot_roll_back(random_model):
     cache = HeavyHitterKVCache(random_model.config, 1, budget=8)
-    with pytest.raises(ValueError, match="watch"):
-        random_model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    feed(random_model, torch.zeros(1, 12, dtype=torch.long), cache)
+    cache.crop(12)  # keeping everything is fine
+    with pytest.raises(ValueError, match="cannot roll back"):
+        cache.crop(10)
+    cache.crop(0)
+    assert cache.seq_len == 0
 
 
 def test_heavy_hitter_arguments_are_checked():
@@ -211,7 +259,6 @@ def test_token_losses_with_a_full_window_equal_the_plain_model(tiny):
 
 
 def test_static_cache_is_unaffected(tiny):
-    # feed() passes a non-bounded cache straight to the model in one pass
     ids = torch.tensor([PROMPT])
     cache = StaticKVCache(tiny.config, 1, len(PROMPT))
     torch.testing.assert_close(feed(tiny, ids, cache), tiny(ids))

@@ -105,16 +105,15 @@ def count_kv_rows(model):
 
 
 @contextlib.contextmanager
-def explicit_attention():
-    """Inside this block kvlab's model computes attention with the written-out `naive_attention`
+def explicit_attention(model):
+    """Inside this block `model` computes attention with the written-out `naive_attention`
     (Q·Kᵀ, softmax, ·V: matrix products `torch.utils.flop_counter` sees) instead of PyTorch's fused
-    kernel, which the counter cannot look inside on the CPU. Same maths, up to float rounding."""
-    from unittest import mock
-
-    from .. import model as model_module
+    kernel, which the counter cannot look inside on the CPU. Same maths, up to float rounding. It
+    swaps the model's attention at its seam (`kvlab.model.attend_with`)."""
     from ..attention import naive_attention
+    from ..model import attend_with
 
-    with mock.patch.object(model_module, "attention", naive_attention):
+    with attend_with(model, lambda _layer, q, k, v, mask: naive_attention(q, k, v, mask)):
         yield
 
 

@@ -203,7 +203,7 @@ PAGED_FIT_EXERCISE = {"num_blocks": 4096, "block_size": 16, "n_tokens": 700, "ma
 def paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
                  block_size: int = PAGED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
     """(blocks, wasted slots) of one sequence of n_tokens tokens in blocks of block_size."""
-    from ..paging import blocks_needed, wasted_slots
+    from ..cache.paged import blocks_needed, wasted_slots
 
     blocks, wasted = blocks_needed(n_tokens, block_size), wasted_slots(n_tokens, block_size)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
@@ -228,7 +228,7 @@ def paged_sequences_fit(answer, num_blocks: int = PAGED_FIT_EXERCISE["num_blocks
                         n_tokens: int = PAGED_FIT_EXERCISE["n_tokens"],
                         max_len: int = PAGED_FIT_EXERCISE["max_len"]) -> Verdict:
     """How many sequences of n_tokens fit at once in a pool of num_blocks blocks with paging."""
-    from ..paging import blocks_needed
+    from ..cache.paged import blocks_needed
 
     expected = num_blocks // blocks_needed(n_tokens, block_size)
     reserved = num_blocks * block_size // max_len

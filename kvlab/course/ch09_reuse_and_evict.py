@@ -42,12 +42,12 @@ def held_out_streams(length: int = STREAM_LEN, streams: int = STREAMS, device="c
 @lru_cache(maxsize=4)
 def budget_measurements(stream_len: int = STREAM_LEN, budgets: tuple = BUDGETS,
                         streams: int = STREAMS) -> dict:
-    """Held-out loss of kvlab-tiny for every policy of kvlab.window.POLICIES and budget (computed once
+    """Held-out loss of kvlab-tiny for every policy of kvlab.eviction.POLICIES and budget (computed once
     a session: about 3,000 one-token forward passes), with the cache bytes a sequence."""
     import torch
 
+    from ..eviction import loss_vs_budget
     from ..pretrained import load
-    from ..window import loss_vs_budget
 
     model = load("kvlab-tiny")
     ids = held_out_streams(stream_len, streams)
@@ -88,7 +88,7 @@ def budget_curve(measurements: dict, title: str = "Held-out loss against cache b
 def draw_budget(policy: str = "sinks + window", budget: int = 64, measurements: dict | None = None):
     """The cache-budget explorer's picture and readout: (Figure, text). `measurements` defaults to
     `budget_measurements()` (computed once, then reused)."""
-    from ..window import POLICIES
+    from ..eviction import POLICIES
 
     m = budget_measurements() if measurements is None else measurements
     validate.choice("policy", policy, POLICIES)
@@ -113,7 +113,7 @@ def cache_budget_explorer():
     """Policy × budget → memory and measured held-out loss, on the curve of all budgets."""
     import ipywidgets as w
 
-    from ..window import POLICIES
+    from ..eviction import POLICIES
 
     budgets = budget_measurements()["budgets"]   # measured once, here, before the first draw
     style = {"description_width": "90px"}

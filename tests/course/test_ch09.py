@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from answers import WRONG_VALUES, hint_test, verdict_test  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from kvlab import PRESETS, prefix, pretrained, window  # noqa: E402
+from kvlab import PRESETS, eviction, prefix, pretrained  # noqa: E402
 from kvlab.course import ch09_reuse_and_evict as ch09  # noqa: E402
 from kvlab.memory import GiB, format_bytes, kv_bytes_per_token, kv_cache_bytes  # noqa: E402
 
@@ -56,11 +56,11 @@ def test_budget_measurements_agree_with_kvlab_window(small):
     ids = ch09.held_out_streams(80, 2)
     assert small["budgets"] == [16, 32] and small["streams"] == 2 and small["stream_len"] == 80
     assert small["bytes_per_token"] == kv_bytes_per_token(model.config, "fp32")
-    full = window.token_losses(model, ids).mean().item()
+    full = eviction.token_losses(model, ids).mean().item()
     assert small["losses"]["full"] == pytest.approx([full, full], rel=1e-5)
-    cache = window.bounded_cache("sinks + window", model.config, 2, 32, sinks=ch09.SINKS)
+    cache = eviction.bounded_cache("sinks + window", model.config, 2, 32, sinks=ch09.SINKS)
     assert small["losses"]["sinks + window"][1] == pytest.approx(
-        window.token_losses(model, ids, cache).mean().item(), rel=1e-5)
+        eviction.token_losses(model, ids, cache).mean().item(), rel=1e-5)
     assert small["curves"]["window"][0].shape == (79,)
 
 

@@ -9,23 +9,22 @@ sequence to a physical block anywhere in the pool, so only the last block of eac
 partly empty.
 
 Here:
-- `BlockAllocator`, `blocks_needed`, `wasted_slots`, `paged_waste`: the free list and its arithmetic.
-- `PagedKVCache`: a `kvlab.cache.KVCache` whose storage is a pool of blocks; the K and V the
-  attention reads are gathered through the block table. `generate(..., cache="paged")` uses it.
-The fragmentation simulation (`sample_requests`, `simulate`, `RequestMix`, `POLICIES`) lives in
-`kvlab.fragmentation`; its names are also reachable from here.
+- `BlockAllocator`, `blocks_needed`, `wasted_slots`: the free list and its arithmetic.
+- `PagedKVCache`: a KV cache whose storage is a pool of blocks; the K and V the attention reads are
+  gathered through the block table. `generate(..., cache="paged")` uses it.
+How much memory paging saves over reserving the maximum (`paged_waste`, the simulation) is measured
+in `kvlab.fragmentation`; prefix sharing over the same blocks is `kvlab.cache.prefix`.
 """
 
 from __future__ import annotations
 
 import numbers
 
-import numpy as np
 import torch
 
-from . import validate
-from .cache import KVCache
-from .config import ModelConfig, resolve
+from .. import validate
+from ..config import ModelConfig, resolve
+from .base import KVCache, allocate, float_dtype
 
 
 class OutOfBlocksError(RuntimeError):
@@ -42,32 +41,6 @@ def blocks_needed(n_tokens: int, block_size: int) -> int:
 def wasted_slots(n_tokens: int, block_size: int) -> int:
     """Empty slots in the last, partly filled block of a sequence of n_tokens tokens."""
     return blocks_needed(n_tokens, block_size) * block_size - n_tokens
-
-
-def paged_waste(seq_lens, block_size: int) -> float:
-    """Share of the slots in handed-out blocks that hold no token, for sequences of these lengths
-    (only each sequence's last block is partly empty)."""
-    lens = token_counts("seq_lens", seq_lens)
-    block_size = validate.integer("block_size", block_size)
-    held = (-(-lens // block_size) * block_size).sum()
-    return float((held - lens.sum()) / held)
-
-
-MAX_TOKENS = 2**40  # a bound on any length, far above any context, far below int64 overflow
-
-
-def token_counts(name: str, values) -> np.ndarray:
-    """`values` as a non-empty 1-D int64 array of whole token counts in [1, MAX_TOKENS]; refuses
-    fractions, NaN, booleans and strings instead of truncating them."""
-    arr = np.asarray(values)
-    if arr.size == 0 or arr.dtype.kind not in "iuf":
-        raise ValueError(f"{name} must be a non-empty list of token counts; got {values!r:.80}")
-    arr = arr.ravel()
-    bad = ~np.isfinite(arr) | (arr != np.round(arr)) | (arr < 1) | (arr > MAX_TOKENS)
-    if bad.any():
-        raise ValueError(f"{name} holds {arr[bad][0].item()!r}; every length must be a whole "
-                         f"number of tokens >= 1 (and <= 2**40)")
-    return arr.astype(np.int64)
 
 
 class BlockAllocator:
@@ -108,7 +81,11 @@ class BlockAllocator:
 
     def free(self, blocks) -> None:
         """Give blocks back to the free list: one block id or an iterable of them (all or none)."""
-        blocks = [blocks] if isinstance(blocks, numbers.Integral) else list(blocks)
+        if isinstance(blocks, numbers.Integral):
+            blocks = [blocks]
+        elif isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+            raise ValueError(f"blocks={blocks!r} must be a block id or a list of block ids "
+                             f"(0..{self.num_blocks - 1})")
         ids = [validate.integer("block", b, low=0) for b in blocks]
         for b in ids:
             if b not in self._used:
@@ -149,8 +126,8 @@ class PagedKVCache(KVCache):
         self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layers, self.allocator.num_blocks, block_size, config.n_kv_heads,
                  config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = allocate(shape, float_dtype(dtype), device, "the paged K pool")
+        self.v = allocate(shape, dtype, device, "the paged V pool")
         self.dtype, self.device = self.k.dtype, self.k.device
         self.block_tables: list[list[int]] = [[] for _ in range(batch_size)]
         self.lengths = [0] * config.n_layers
@@ -159,8 +136,8 @@ class PagedKVCache(KVCache):
         self.bytes_copied = 0
 
     def update(self, layer, k, v):
-        self._check_batch(k)
-        b, h, t, d = k.shape
+        t = self._check_update(layer, k, v)
+        b, h, _, d = k.shape
         start = self._reserve(layer, t)
         end = start + t
         slots = self.slots(end)                       # (B, end) physical slot of each position
@@ -216,9 +193,15 @@ class PagedKVCache(KVCache):
         """Slots in blocks handed out that hold no token (the last block of each sequence)."""
         return self.blocks_in_use * self.block_size - self.batch_size * self.seq_len
 
+    def crop(self, n: int) -> None:
+        """Keep the first n positions of every sequence: the blocks after them go back to the free
+        list (the last kept block may stay partly filled; the next token writes after position n)."""
+        self.set_length(self._crop_length(n))
+
     def set_length(self, n: int) -> None:
-        """Keep (or declare filled) the first n positions of every sequence: blocks past them go
-        back to the free list, blocks up to them are taken from it. reset() is set_length(0)."""
+        """Declare the first n positions of every sequence filled: blocks past them go back to the
+        free list, blocks up to them are taken from it (a benchmark can 'pretend' n tokens are
+        cached this way)."""
         n = validate.integer("n", n, low=0, high=self.max_seq_len)
         keep = blocks_needed(n, self.block_size)
         for table in self.block_tables:

@@ -1,0 +1,109 @@
+"""What a bounded cache costs in quality: next-token loss with a window, sinks or heavy hitters.
+
+The caches themselves are `kvlab.cache.window.SlidingWindowKVCache` and
+`kvlab.cache.heavy_hitters.HeavyHitterKVCache`. Here:
+
+- `token_losses(model, ids, cache)`: next-token loss at every position, with a cache (fed through
+  the model, which feeds a bounded cache as its contract asks) or with full attention;
+- `POLICIES`, `bounded_cache`, `loss_vs_budget`: the policies compared at one budget of positions;
+- `attention_maps`: the attention weights of every layer, recorded through the model's attention
+  seam (`kvlab.model.attend_with`), e.g. to see attention sinks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import validate
+from .attention import attention, repeat_kv
+from .cache import HeavyHitterKVCache, KVCache, SlidingWindowKVCache
+from .config import ModelConfig
+from .model import attend_with
+from .sampling import as_batch
+
+
+def _ids(model, input_ids) -> torch.Tensor:
+    """input_ids as a checked (B, T) long tensor on the model's device (text, floats and ragged
+    rows are refused, as generate refuses them)."""
+    ids = as_batch(input_ids, next(model.parameters()).device)
+    vocab = model.config.vocab_size
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"token ids must lie in 0..{vocab - 1}; got min {lo}, max {hi}")
+    return ids
+
+
+def token_losses(model, input_ids, cache: KVCache | None = None) -> torch.Tensor:
+    """Next-token cross-entropy (nats) at every position of input_ids (B, T): (B, T - 1).
+    Without a cache the whole sequence goes through the model in one pass (full attention); with one,
+    too (a bounded cache that must evict between tokens is fed as its `max_chunk` says)."""
+    ids = _ids(model, input_ids)
+    with torch.inference_mode():
+        logits = model(ids, cache=cache)
+    logits = logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                           reduction="none").view(ids.shape[0], -1)
+
+
+@torch.inference_mode()
+def attention_maps(model, input_ids) -> list[torch.Tensor]:
+    """Attention weights of every layer for input_ids (B, T) with full causal attention:
+    one (B, H, T, T) tensor a layer (row: query, column: key), recorded at the attention seam."""
+    ids = _ids(model, input_ids)
+    maps: list[torch.Tensor] = []
+
+    def record(layer, q, k, v, mask):
+        k_all = repeat_kv(k, q.shape[1] // k.shape[1])
+        scores = q.float() @ k_all.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        maps.append(torch.softmax(scores, dim=-1))
+        return attention(q, k, v, mask)
+
+    with attend_with(model, record):
+        model(ids)
+    return maps
+
+
+# ---- comparing policies at one budget ------------------------------------------------------------
+
+# "full" keeps everything; the others keep `budget` positions. The window policies number keys by
+# their place in the cache (StreamingLLM's choice, positions="cache"); heavy hitters keep half the
+# budget for the most recent tokens (as H2O's experiments do) and choose the other half by score.
+POLICIES = ("full", "window", "sinks + window", "heavy hitters")
+
+
+def bounded_cache(policy: str, config: ModelConfig, batch_size: int, budget: int, sinks: int = 4,
+                  dtype=torch.float32, device="cpu") -> KVCache | None:
+    """The cache of `policy` holding `budget` positions (None for "full": no cache, full attention)."""
+    validate.choice("policy", policy, POLICIES)
+    validate.integer("budget", budget, low=2)
+    if policy == "full":
+        return None
+    if policy == "window":
+        return SlidingWindowKVCache(config, batch_size, budget, 0, dtype, device, positions="cache")
+    if policy == "sinks + window":
+        validate.integer("sinks", sinks, low=1, high=budget - 1)
+        return SlidingWindowKVCache(config, batch_size, budget - sinks, sinks, dtype, device,
+                                    positions="cache")
+    return HeavyHitterKVCache(config, batch_size, budget, recent=budget // 2, dtype=dtype, device=device)
+
+
+def loss_vs_budget(model, input_ids, budgets, policies=POLICIES, sinks: int = 4) -> dict[str, list]:
+    """Next-token loss (nats) at each position of input_ids (B, T), averaged over the batch, for each
+    policy and budget: {policy: [tensor (T - 1,) for each budget]} ("full" is computed once and
+    repeated). `.mean()` of one gives the loss over the whole stream."""
+    param = next(model.parameters())
+    ids = _ids(model, input_ids)
+    out: dict[str, list] = {}
+    for policy in policies:
+        if policy == "full":
+            out[policy] = [token_losses(model, ids).mean(0)] * len(budgets)
+            continue
+        out[policy] = [token_losses(model, ids, bounded_cache(
+            policy, model.config, ids.shape[0], b, sinks, param.dtype, param.device)).mean(0)
+            for b in budgets]
+    return out

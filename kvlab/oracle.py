@@ -1,0 +1,289 @@
+"""Is a cache right? Compare a cache-driven run with recomputing everything without a cache.
+
+The most common KV-cache bugs are silent: a key written one position off, a stale row kept after a
+rollback, a mask that lets a query see a dropped key. The tokens may even come out the same for a
+while. The oracle finds *where* such a bug is:
+
+    report = kvlab.oracle.check(model, cache, ids)       # prefill, then one token a step
+    print(report)          # ✓ ... or ✗ keys of layer 1 at position 7 differ by 0.83 ...
+
+Each time tokens go through the model with the cache, the oracle also recomputes the whole stream
+so far without a cache and compares, at every layer, the keys and values the cache handed to
+attention (at the stream positions it says they hold) and the logits. The recomputation follows the
+kind's own rule: full causal attention for the kinds that keep every position, the window's band for
+`SlidingWindowKVCache`, and for kinds that keep different keys per head (heavy hitters) the keys each
+query saw. `Oracle` does the same step by step, with `crop`, `fork` and `reset` in between (the
+state-machine tests drive every kind this way).
+
+Errors are measured per layer as max |cached - recomputed| and compared with
+atol + rtol · max |recomputed| of that layer (defaults for float32: exact up to rounding). A
+quantized cache is not exact: give it a tolerance that states its bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import validate
+from .attention import attention
+from .cache.base import KVCache
+from .model import attend_with
+
+WHAT = ("length", "keys", "values", "logits")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a cache-driven run first differs from the recomputation."""
+
+    what: str           # "keys", "values", "logits", or "length" (the cache miscounts its positions)
+    layer: int | None   # None for logits and length
+    position: int       # stream position (for "length": how many tokens the stream holds)
+    error: float        # max |cached - recomputed| there (inf: a position the stream does not have;
+    allowed: float      # for "length": the count the cache claims) and the tolerance it broke
+
+    def __str__(self) -> str:
+        if self.what == "length":
+            return (f"the cache says it holds {int(self.error)} positions, but the stream holds "
+                    f"{self.position} tokens")
+        where = f"of layer {self.layer} " if self.layer is not None else ""
+        if self.error == float("inf"):
+            return f"{self.what} {where}at position {self.position}: the stream has no such position"
+        return (f"{self.what} {where}at position {self.position} differ from the recomputation by "
+                f"{self.error:.3g} (allowed {self.allowed:.3g})")
+
+
+@dataclass
+class Report:
+    """What the oracle found: the first divergence (None: none) and the largest error per layer."""
+
+    passes: int = 0
+    first: Divergence | None = None
+    max_error: dict[str, list[float]] = field(default_factory=dict)  # keys / values per layer
+    max_logits_error: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.first is None
+
+    def __str__(self) -> str:
+        layers = [e for what in ("keys", "values") for e in self.max_error.get(what, [])]
+        worst = max([self.max_logits_error, *layers])
+        if self.ok:
+            return (f"✓ the cache matches the recomputation at every layer and position "
+                    f"({self.passes} passes; largest difference {worst:.2g})")
+        return f"✗ {self.first}; first of the differences found in {self.passes} passes"
+
+
+class Oracle:
+    """Drive `cache` through `model` and compare every pass with a recomputation without a cache.
+
+    `feed(ids)` runs ids (B, T) after what the cache holds and returns the logits; `crop(n)`,
+    `fork()` and `reset()` do the same to the cache and to the oracle's record of the stream. The
+    findings accumulate in `report`."""
+
+    def __init__(self, model, cache: KVCache, *, atol: float = 1e-5, rtol: float = 1e-4):
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"cache={cache!r:.60} is not a kvlab cache (a kvlab.cache.KVCache)")
+        if cache.renumbers_positions:
+            raise ValueError(f"{type(cache).__name__} renumbers positions by their place in the cache "
+                             "(positions='cache'), which no single recomputation reproduces; check it "
+                             "with positions='original'")
+        self.model, self.cache = model, cache
+        self.atol = validate.number("atol", atol, low=0)
+        self.rtol = validate.number("rtol", rtol, low=0)
+        self.report = Report(max_error={w: [0.0] * model.config.n_layers for w in ("keys", "values")})
+        device = next(model.parameters()).device
+        self.tokens = torch.zeros(0, 0, dtype=torch.long, device=device)  # the stream so far (B, N)
+        self.keep: torch.Tensor | None = None   # its padding mask (B, N), None without padding
+        self.seen: list[torch.Tensor] | None = None  # per layer (B, H_kv, N, N): keys each query saw
+
+    # --- driving the cache ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def feed(self, ids, attention_mask=None) -> torch.Tensor:
+        """Feed ids (B, T) through the model with the cache, compare with a recomputation, and
+        return the cache-driven logits (B, T, vocab). attention_mask (B, T): 1 token, 0 padding."""
+        ids = torch.as_tensor(ids, device=self.tokens.device)
+        ids = ids[None] if ids.dim() == 1 else ids
+        self._check_length()
+        keep = self._extend_keep(ids, attention_mask)
+        passes: list[list[tuple]] = [[] for _ in range(self.model.config.n_layers)]
+
+        def probe(layer, q, k, v, mask):
+            positions = self.cache.key_positions(layer)
+            end = self.cache.lengths[layer]
+            q_pos = torch.arange(end - q.shape[2], end, device=q.device)
+            if positions is None:
+                positions = torch.arange(k.shape[2], device=k.device)
+            passes[layer].append((k.clone(), v.clone(), positions.clone(), q_pos,
+                                  self.cache.visible(q_pos, positions)))
+            return attention(q, k, v, mask)
+
+        with attend_with(self.model, probe):
+            logits = self.model(ids, cache=self.cache, attention_mask=keep)
+        start = self.tokens.shape[1]
+        self.tokens = ids if start == 0 else torch.cat([self.tokens, ids], dim=1)
+        self.keep = keep
+        self._record_seen(passes)
+        self._compare(passes, logits, start)
+        return logits
+
+    def crop(self, n: int) -> None:
+        self.cache.crop(n)
+        self.tokens = self.tokens[:, :n]
+        self._check_length()
+        self.keep = None if self.keep is None else self.keep[:, :n]
+        if self.seen is not None:
+            self.seen = [s[:, :, :n, :n] for s in self.seen]
+
+    def reset(self) -> None:
+        self.crop(0)
+
+    def fork(self) -> Oracle:
+        """A second oracle over `cache.fork()`, with the same record of the stream."""
+        other = Oracle(self.model, self.cache.fork(), atol=self.atol, rtol=self.rtol)
+        other.tokens, other.keep = self.tokens.clone(), None if self.keep is None else self.keep.clone()
+        other.seen = None if self.seen is None else [s.clone() for s in self.seen]
+        return other
+
+    def _check_length(self) -> None:
+        n = self.tokens.shape[1]
+        if self.cache.seq_len != n and self.report.first is None:
+            self.report.first = Divergence("length", None, n, float(self.cache.seq_len), 0.0)
+
+    # --- the recomputation ---------------------------------------------------------------------
+
+    def _extend_keep(self, ids: torch.Tensor, attention_mask) -> torch.Tensor | None:
+        if attention_mask is None and self.keep is None:
+            return None
+        new = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
+               else torch.as_tensor(attention_mask, device=ids.device).bool().reshape(ids.shape))
+        old = (self.keep if self.keep is not None
+               else torch.ones(ids.shape[0], self.tokens.shape[1], dtype=torch.bool, device=ids.device))
+        return torch.cat([old, new], dim=1)
+
+    def _record_seen(self, passes) -> None:
+        """Keys each query saw, per layer, for kinds that keep different keys per head."""
+        if not any(p[2].dim() == 3 for layer in passes for p in layer) and self.seen is None:
+            return
+        n, b = self.tokens.shape[1], self.tokens.shape[0]
+        h = self.model.config.n_kv_heads
+        if self.seen is None:
+            self.seen = [torch.zeros(b, h, 0, 0, dtype=torch.bool, device=self.tokens.device)
+                         for _ in passes]
+        for layer, records in enumerate(passes):
+            old = self.seen[layer]
+            grown = torch.zeros(b, h, n, n, dtype=torch.bool, device=old.device)
+            grown[:, :, :old.shape[2], :old.shape[3]] = old
+            for _, _, positions, q_pos, visible in records:
+                pos = positions.expand(b, h, -1) if positions.dim() == 1 else positions
+                vis = visible.expand(b, h, -1, -1) if visible.dim() == 2 else visible
+                rows = grown[:, :, q_pos]                                         # (B, H, T, N)
+                rows.scatter_(-1, pos[:, :, None, :].expand_as(vis), vis)
+                grown[:, :, q_pos] = rows
+            self.seen[layer] = grown
+
+    def _policy(self, layer: int, n: int) -> torch.Tensor | None:
+        """The recomputation's extra rule: None (causal only), the kind's band (N, N), or the keys
+        each query saw (B, H, N, N)."""
+        if self.seen is not None:
+            return self.seen[layer].repeat_interleave(self.model.config.n_rep, dim=1)
+        positions = torch.arange(n, device=self.tokens.device)
+        if type(self.cache).visible is KVCache.visible:
+            return None
+        return self.cache.visible(positions, positions)
+
+    def _recompute(self):
+        n = self.tokens.shape[1]
+        keys, values = [], []
+
+        def probe(layer, q, k, v, mask):
+            keys.append(k)
+            values.append(v)
+            rule = self._policy(layer, n)
+            if rule is not None:
+                mask = rule if mask is None else mask & rule
+            return attention(q, k, v, mask)
+
+        with attend_with(self.model, probe):
+            logits = self.model(self.tokens, attention_mask=self.keep)
+        return keys, values, logits
+
+    def _compare(self, passes, logits: torch.Tensor, start: int) -> None:
+        keys, values, ref_logits = self._recompute()
+        self.report.passes += 1
+        found: list[Divergence] = []
+        for layer, records in enumerate(passes):
+            for what, ref in (("keys", keys[layer]), ("values", values[layer])):
+                allowed = self.atol + self.rtol * float(ref.abs().max())
+                for k, v, positions, _, _ in records:
+                    cached = k if what == "keys" else v
+                    beyond = positions >= ref.shape[2]
+                    if bool(beyond.any()):  # a key at a position the stream does not have
+                        found.append(Divergence(what, layer, int(positions[beyond].min()), float("inf"),
+                                                allowed))
+                        positions = positions.clamp(max=ref.shape[2] - 1)
+                    err, pos = self._per_position(cached, ref, positions)
+                    err = err.masked_fill(beyond, 0.0)
+                    if err.numel():
+                        worst = float(err.max())
+                        row = self.report.max_error[what]
+                        row[layer] = max(row[layer], worst)
+                        bad = (err > allowed).nonzero()
+                        if bad.numel():
+                            i = bad[0].tolist()
+                            found.append(Divergence(what, layer, int(pos[tuple(i)]), float(err[tuple(i)]),
+                                                    allowed))
+        t = logits.shape[1]
+        ref = ref_logits[:, start:start + t]
+        diff = (logits.float() - ref.float()).abs().amax(-1)           # (B, T)
+        if self.keep is not None:
+            diff = diff * self.keep[:, start:start + t]                 # padding rows do not count
+        allowed = self.atol + self.rtol * float(ref.abs().max())
+        self.report.max_logits_error = max(self.report.max_logits_error, float(diff.max()))
+        bad = (diff.amax(0) > allowed).nonzero()
+        if bad.numel():
+            i = int(bad[0])
+            found.append(Divergence("logits", None, start + i, float(diff[:, i].max()), allowed))
+        if found and self.report.first is None:
+            order = {w: i for i, w in enumerate(WHAT)}
+            self.report.first = min(found, key=lambda d: (d.position, order[d.what], d.layer or 0))
+
+    def _per_position(self, cached: torch.Tensor, ref: torch.Tensor, positions: torch.Tensor):
+        """max |cached - ref| over the head dimension at each returned key (padding keys left out),
+        and the stream position of each: both (S,) or (B, H_kv, S)."""
+        b, h, s, d = cached.shape
+        if positions.dim() == 1:
+            expected = ref[:, :, positions]                                     # (B, H, S, D)
+            err = (cached.float() - expected.float()).abs().amax(dim=(0, 1, 3))  # (S,)
+            if self.keep is not None:
+                real = self.keep[:, positions].any(0)
+                err = err * real
+            return err, positions
+        idx = positions[..., None].expand(b, h, s, d)
+        expected = ref.gather(2, idx)
+        err = (cached.float() - expected.float()).abs().amax(-1)               # (B, H, S)
+        if self.keep is not None:
+            err = err * self.keep.gather(1, positions.reshape(b, -1)).view(b, h, s)
+        return err, positions
+
+
+def check(model, cache: KVCache, ids, prompt_len: int | None = None, attention_mask=None, *,
+          atol: float = 1e-5, rtol: float = 1e-4) -> Report:
+    """Feed ids (B, T) through `model` with `cache` as a decode would (the first prompt_len tokens
+    at once, default all but 4, then one a step, teacher-forced) and compare every pass with a
+    recomputation. Returns the Report (`print(report)` says where the first difference is)."""
+    ids = torch.as_tensor(ids)
+    ids = ids[None] if ids.dim() == 1 else ids
+    total = ids.shape[1]
+    prompt_len = max(1, total - 4) if prompt_len is None else validate.integer(
+        "prompt_len", prompt_len, low=1, high=total)
+    oracle = Oracle(model, cache, atol=atol, rtol=rtol)
+    mask = None if attention_mask is None else torch.as_tensor(attention_mask).reshape(ids.shape)
+    oracle.feed(ids[:, :prompt_len], None if mask is None else mask[:, :prompt_len])
+    for i in range(prompt_len, total):
+        oracle.feed(ids[:, i:i + 1], None if mask is None else mask[:, i:i + 1])
+    return oracle.report
