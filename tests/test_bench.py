@@ -1,17 +1,27 @@
-"""A smoke run of kvlab.bench: medians, sweeps, result files, the command line. No timing thresholds.
+"""kvlab.bench: medians, sweeps, result files and the command line (smoke runs, no timing
+thresholds); GPUs matched to their data sheets by full name and memory; kvlab vs transformers with
+transformers' eager rows really eager and its compiled row labelled, tokens checked by first divergence
+and teacher forcing; tools/gpu_check.sh planned and run on the CPU.
 (The roofline arithmetic is kvlab.roofline's: tests/test_roofline.py.)"""
 
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from needs import require
 
 from kvlab import PRESETS, bench, memory
 from kvlab.bench import cli, report
+from kvlab.env import cpp_compiler
 from kvlab.model import Transformer
 
 TINY = PRESETS["tiny-gqa"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_median_is_the_middle_value():
@@ -33,12 +43,71 @@ def test_time_interleaved_warms_up_and_repeats():
         bench.time_interleaved({"a": lambda: None}, repeats=0)
 
 
-def test_gpu_names_match_the_table():
+GiB = memory.GiB
+
+
+@pytest.mark.parametrize("name,gib,expected,bandwidth", [
+    ("Tesla T4", 14.56, "T4 16GB", 320e9),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "A100 40GB", 1555e9),
+    ("NVIDIA A100-PCIE-40GB", 39.4, "A100 40GB", 1555e9),
+    ("NVIDIA A100-SXM4-80GB", 79.15, "A100 80GB SXM", 2039e9),
+    ("NVIDIA A100 80GB PCIe", 79.15, "A100 80GB PCIe", 1935e9),
+    ("NVIDIA H100 80GB HBM3", 79.1, "H100 80GB SXM", 3.35e12),
+    ("NVIDIA H100 PCIe", 79.1, "H100 80GB PCIe", 2.0e12),
+    ("NVIDIA H100 NVL", 93.6, "H100 NVL 94GB", 3.9e12),
+    ("NVIDIA H200", 139.8, "H200 141GB SXM", 4.8e12),
+])
+def test_gpus_are_matched_on_the_whole_name_and_the_memory(name, gib, expected, bandwidth):
+    known = bench.match_gpu(name, round(gib * GiB))
+    assert known is not None and known.name == expected and known.bandwidth_bytes_per_s == bandwidth
+
+
+def test_a_gpu_name_alone_is_enough_when_it_tells_the_size():
     assert bench.match_gpu("Tesla T4").name == "T4 16GB"
-    assert bench.match_gpu("NVIDIA A100-SXM4-80GB", 80 * 10**9).name == "A100 80GB"
-    assert bench.match_gpu("NVIDIA A100-SXM4-40GB", 40 * 10**9).name == "A100 40GB"
-    assert bench.match_gpu("NVIDIA H100 80GB HBM3").name == "H100 80GB"
-    assert bench.match_gpu("NVIDIA GeForce RTX 3060") is None
+    assert bench.match_gpu("NVIDIA H200").name == "H200 141GB SXM"
+    assert bench.match_gpu("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM"
+    assert bench.match_gpu("NVIDIA H100 PCIe") is None  # 80 or 94 GB H100: the memory decides
+
+
+@pytest.mark.parametrize("name,gib", [
+    ("NVIDIA GH200 480GB", 94.5),             # not an H200: its own memory and bandwidth
+    ("NVIDIA H200 NVL", 139.8),               # no figure in the table
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9.75),  # a slice of a GPU
+    ("NVIDIA A100-SXM4-80GB", 39.4),          # the memory contradicts the name
+    ("NVIDIA A100", None),                    # 40 or 80 GB, PCIe or SXM: cannot tell
+    ("NVIDIA H100", 79.1),                    # SXM or PCIe: cannot tell
+    ("NVIDIA GeForce RTX 3060", 12.0),
+])
+def test_gpus_the_table_cannot_identify_are_unknown(name, gib):
+    assert bench.match_gpu(name, None if gib is None else round(gib * GiB)) is None
+
+
+def test_a_copy_for_the_bandwidth_is_at_least_four_times_the_l2():
+    assert bench.copy_bytes_beyond_l2(100 * memory.MiB) == 400 * memory.MiB
+    assert bench.copy_bytes_beyond_l2(60 * memory.MiB) >= 240 * memory.MiB       # an H200's L2
+    assert bench.copy_bytes_beyond_l2(None) == bench.copy_bytes_beyond_l2(0) >= 4 * 128 * memory.MiB
+
+
+def test_an_unknown_gpu_says_so_and_is_measured_beyond_its_l2(monkeypatch):
+    import importlib
+    from types import SimpleNamespace
+
+    machine_mod = importlib.import_module("kvlab.bench.machine")  # kvlab.bench.machine is also a function
+    copies = []
+    monkeypatch.setattr(machine_mod, "copy_bandwidth",
+                        lambda device, nbytes=None, repeats=5: copies.append(nbytes) or 3.0e12)
+
+    def fake_gpu(name, gib, l2_mib):
+        props = SimpleNamespace(name=name, total_memory=round(gib * GiB), L2_cache_size=l2_mib * memory.MiB)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+
+    fake_gpu("NVIDIA GH200 480GB", 94.5, 100)
+    rate, source = bench.device_bandwidth("cuda")
+    assert rate == 3.0e12 and copies == [400 * memory.MiB]
+    assert source.startswith("unknown GPU 'NVIDIA GH200 480GB': measured copy of 400 MiB")
+    fake_gpu("NVIDIA H100 PCIe", 79.1, 50)
+    rate, source = bench.device_bandwidth("cuda")
+    assert rate == 2.0e12 and "data sheet (H100 80GB PCIe" in source and len(copies) == 1
 
 
 def test_machine_description_has_the_facts():
@@ -75,16 +144,133 @@ def test_sweeps_and_files(tmp_path):
     assert "[cpu-test](cpu-test.md)" in index and "No GPU result has been recorded yet" in index
 
 
-def test_compare_hf_checks_tokens(tmp_path):
+def test_compare_hf_checks_tokens():
     pytest.importorskip("transformers")
-    rows = bench.compare_hf(TINY, new_tokens=6, prompt_len=4, repeats=1, device="cpu")
-    assert len(rows) == 4 and all(r["tokens_identical"] and r["tokens_agree"] == 1.0 for r in rows)
-    assert {r["dtype"] for r in rows} == {"fp32"}
-    hf_static = [r for r in rows if r["method"] == "transformers generate (static cache)"][0]
-    assert hf_static["speedup_vs_hf_static"] == pytest.approx(1.0)
-    assert {r["method"] for r in rows} >= {"kvlab generate (static cache)", "kvlab fast eager"}
+    rows = bench.compare_hf(TINY, new_tokens=6, prompt_len=4, repeats=2, device="cpu")
+    by = {r["method"]: r for r in rows}
+    assert list(by) == ["kvlab generate (static cache)", "transformers generate (dynamic cache)",
+                        "transformers generate (static cache, eager)", "kvlab fast eager"]
+    assert all(r["tokens_identical"] and r["first_divergence"] is None for r in rows)  # fp32: exact
+    assert all(r["teacher_forced_agreement"] == 1.0 for name, r in by.items() if name.startswith("kvlab"))
+    assert all(r["teacher_forced_agreement"] is None for name, r in by.items() if name.startswith("trans"))
+    assert {r["dtype"] for r in rows} == {"fp32"} and {r["execution"] for r in rows} == {"eager"}
+    assert all(r["min_s"] <= r["median_s"] <= r["max_s"] and r["repeats"] == 2 for r in rows)
+    assert by["transformers generate (static cache, eager)"]["speedup_vs_hf_static"] == pytest.approx(1.0)
+    assert all("speedup_vs_hf_compiled" not in r for r in rows)  # no compiled row on the CPU unless asked
     with pytest.raises(ValueError, match="mode='graph' needs a CUDA device"):
         bench.compare_hf(TINY, new_tokens=2, prompt_len=2, repeats=1, device="cpu", fast_modes=["graph"])
+
+
+def test_the_eager_rows_disable_transformers_auto_compile():
+    pytest.importorskip("transformers")
+    hf_model, _ = bench.hf_twin(TINY)
+    rows = bench.hf_generate_kwargs("cuda", compiled=True)
+    eager = {k: v for k, v in rows.items() if "eager" in k or "dynamic" in k}
+    assert len(eager) == 2 and all(kw["disable_compile"] is True for kw in eager.values())
+    # transformers' own decision, taken as if on a GPU: without the flag it would compile the
+    # static cache (the trap), with it it does not; the compiled row is compiled.
+    assert bench.hf_compiles(hf_model, {"cache_implementation": "static"}, assume_device="cuda")
+    assert not any(bench.hf_compiles(hf_model, kw, assume_device="cuda") for kw in eager.values())
+    assert bench.hf_compiles(hf_model, rows["transformers generate (static cache, compiled)"], "cuda")
+    # On the CPU transformers compiles only when the compile config says so for every device.
+    assert not bench.hf_compiles(hf_model, {"cache_implementation": "static"})
+    cpu = bench.hf_generate_kwargs("cpu", compiled=True)["transformers generate (static cache, compiled)"]
+    assert cpu["compile_config"]._compile_all_devices is True
+
+
+def test_a_row_transformers_did_not_run_as_labelled_is_refused(monkeypatch):
+    pytest.importorskip("transformers")
+    from kvlab.bench import compare
+
+    original = compare.hf_generate_kwargs
+
+    def no_compile_config(device, compiled):  # a "compiled" row that transformers runs eagerly
+        rows = original(device, compiled)
+        rows[compare.HF_COMPILED] = {"cache_implementation": "static"}
+        return rows
+
+    monkeypatch.setattr(compare, "hf_generate_kwargs", no_compile_config)
+    with pytest.raises(RuntimeError, match="static cache, compiled.*would be mislabelled"):
+        bench.compare_hf(TINY, new_tokens=2, prompt_len=2, repeats=1, device="cpu", hf_compiled=True)
+
+
+def test_transformers_compiled_row_on_the_cpu():
+    pytest.importorskip("transformers")
+    require(None if cpp_compiler() else "no C++ compiler (g++ or clang++) for torch.compile on the CPU",
+            "the compiled transformers row")
+    rows = bench.compare_hf(TINY, new_tokens=4, prompt_len=4, repeats=1, device="cpu", hf_compiled=True)
+    compiled = [r for r in rows if r["method"] == "transformers generate (static cache, compiled)"]
+    assert len(compiled) == 1 and compiled[0]["execution"].startswith("torch.compile")
+    assert compiled[0]["tokens_identical"] and all("speedup_vs_hf_compiled" in r for r in rows)
+
+
+def test_first_divergence_is_the_first_differing_new_token():
+    ref = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    assert bench.first_divergence(ref.clone(), ref, 2) is None
+    assert bench.first_divergence(torch.tensor([[1, 2, 3, 9, 5, 0]]), ref, 2) == 1
+    assert bench.first_divergence(torch.tensor([[7, 2, 3, 4, 5, 6]]), ref, 2) is None  # in the prompt
+    batch = torch.stack([ref[0], ref[0]])
+    other = batch.clone()
+    other[1, 5] = 0
+    assert bench.first_divergence(other, batch, 2) == 3  # any row
+    with pytest.raises(ValueError, match=r"tokens \(1, 5\) and reference \(1, 6\) differ in shape"):
+        bench.first_divergence(ref[:, :5], ref, 2)
+
+
+def test_teacher_forcing_feeds_the_reference_not_the_model_own_choices():
+    from kvlab.fast import FastDecoder
+    from kvlab.generate import generate
+
+    a, b = (Transformer(TINY).eval() for _ in range(2))  # two different random models
+    prompt_len, new = 5, 12
+    ids = torch.randint(0, TINY.vocab_size, (2, prompt_len))
+    tokens = generate(a, ids, new).tokens
+    assert bench.teacher_forced_agreement(FastDecoder(a, 2, prompt_len + new), tokens, prompt_len) == 1.0
+    # Model b fed a's text: at each position its argmax against a's next token, as one forward pass
+    # of b over a's text computes it.
+    with torch.inference_mode():
+        expected = (b(tokens)[:, prompt_len - 1:-1].argmax(-1) == tokens[:, prompt_len:]).float().mean()
+    got = bench.teacher_forced_agreement(FastDecoder(b, 2, prompt_len + new), tokens, prompt_len)
+    assert got == pytest.approx(expected.item()) and got < 1.0
+    with pytest.raises(ValueError, match="need a decoder of batch 2 and at least 16 positions"):
+        bench.teacher_forced_agreement(FastDecoder(b, 1, 32), tokens, prompt_len)
+
+
+@pytest.fixture(scope="module")
+def real_checkpoint(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from kvlab import hf
+
+    return hf.save_random_checkpoint(tmp_path_factory.mktemp("real") / "random-llama", seed=1)
+
+
+def test_command_line_compares_on_the_real_model(real_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLAB_REAL_MODEL", str(real_checkpoint))
+    result = cli.main(["--real-model", "--sweeps", "none", "--repeats", "2", "--hf-new-tokens", "6",
+                       "--prompt-tokens", "12", "--device", "cpu", "--out", str(tmp_path), "--stem", "real",
+                       "--no-progress"])
+    rows = [r for r in result["rows"] if r["sweep"] == "compare_real"]
+    assert len(rows) == 4 and {r["config"] for r in rows} == {str(real_checkpoint)}
+    assert all(r["prompt_len"] == 12 and r["new_tokens"] == 6 and r["clock"] == "cpu" for r in rows)
+    assert all(r["tokens_identical"] and r["dtype"] == "fp32" for r in rows)
+    assert all(r["teacher_forced_agreement"] == 1.0 for r in rows if r["method"].startswith("kvlab"))
+    assert all(0 < r["fraction_of_bandwidth"] for r in rows)
+    md = (tmp_path / "real.md").read_text()
+    assert "on the real model" in md and "identical tokens from kvlab and transformers (required): met" in md
+    assert "real model generate (static cache)" in (tmp_path / "README.md").read_text()
+
+
+def test_different_tokens_in_fp32_fail_the_run_after_writing_it(tmp_path, monkeypatch):
+    def diverging(*args, **kwargs):
+        return [{"sweep": "compare_hf", "method": "kvlab fast eager", "dtype": "fp32", "config": "x",
+                 "tokens_identical": False, "first_divergence": 3, "teacher_forced_agreement": 0.9,
+                 "speedup_vs_hf_dynamic": 1.0, "speedup_vs_hf_static": 1.0}]
+
+    monkeypatch.setattr(cli, "compare_hf", diverging)
+    with pytest.raises(SystemExit, match="x, kvlab fast eager: first divergence at new token 3"):
+        cli.main(["--quick", "--compare-hf", "--sweeps", "none", "--repeats", "1", "--out", str(tmp_path),
+                  "--stem", "bad", "--no-progress"])
+    assert "NOT met" in (tmp_path / "bad.md").read_text()
 
 
 def test_fast_modes_follow_the_device():
@@ -94,15 +280,22 @@ def test_fast_modes_follow_the_device():
 
 
 def test_gpu_targets_are_judged_from_the_rows():
-    def row(method, static):
+    def row(method, static, **extra):
         return {"sweep": "compare_hf", "method": method, "speedup_vs_hf_dynamic": static,
-                "speedup_vs_hf_static": static}
-    roof = {"sweep": "roofline", "method": "graph", "batch": 1, "fraction_of_bandwidth": 0.55}
+                "speedup_vs_hf_static": static, "dtype": "bf16", "tokens_identical": False, **extra}
+    roof = {"sweep": "roofline", "method": "graph", "batch": 1, "fraction_of_bandwidth": 0.55,
+            "fraction_of_measured_bandwidth": 0.62}
     result = {"machine": {"device": "cuda", "gpu": "NVIDIA H200"},
               "rows": [row("kvlab fast eager", 0.7), row("kvlab fast graph", 1.3), roof]}
     lines = report.summary_markdown(result)
-    assert "best kvlab fast graph at 1.30× — met" in lines
-    assert "graph reached 55% — NOT met" in lines
+    assert "with its static cache: best kvlab fast graph at 1.30× — met" in lines
+    assert "graph reached 55% (62% of the measured copy bandwidth) — NOT met" in lines
+    assert "identical tokens" not in lines  # bf16: a near-tie may round the other way
+    # With transformers' compiled row, that is the one to beat.
+    result["rows"][:2] = [row("kvlab fast eager", 0.7, speedup_vs_hf_compiled=0.2),
+                          row("kvlab fast graph", 1.3, speedup_vs_hf_compiled=0.9)]
+    assert "with its compiled static cache: best kvlab fast graph at 0.90× — NOT met" in \
+        report.summary_markdown(result)
 
 
 def test_command_line_quick_run(tmp_path):
@@ -148,3 +341,39 @@ def test_matvec_bandwidth_is_a_plausible_rate():
 
     rate = matvec_bandwidth("cpu", nbytes=8 * memory.MiB, repeats=3)
     assert 1e8 < rate < 1e13  # bytes/s: between a slow disk and far beyond any CPU's memory bus
+
+
+GPU_CHECK = ["bash", str(ROOT / "tools" / "gpu_check.sh")]
+
+
+def test_gpu_check_plan_lists_every_step_and_its_limits():
+    out = subprocess.run(GPU_CHECK + ["--dry-run"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GPU_CHECK_CHAPTERS": "05 06 07 09 11"}).stdout
+    steps = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
+    assert steps[:4] == ["machine", "tests", "bench-7b", "bench-1b"]
+    assert {"real-model", "chapter-05", "chapter-06", "chapter-07", "chapter-09", "chapter-11"} <= set(steps)
+    assert "--model llama-2-7b --compare-hf" in out and "--batch-sizes 1\\,8\\,32" in out
+    assert "--real-model" in out and "budget 480 s" in out
+
+
+def test_gpu_check_runs_on_the_cpu_past_a_missing_pytest_and_a_failed_step(tmp_path):
+    no_pytest = tmp_path / "site" / "pytest"
+    no_pytest.mkdir(parents=True)
+    (no_pytest / "__init__.py").write_text("raise ImportError('no pytest on this machine (simulated)')\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path / "site"),
+           "GPU_CHECK_CHAPTERS": "00", "KVLAB_REAL_MODEL": str(tmp_path / "no-such-model")}
+    out = tmp_path / "check"
+    proc = subprocess.run(GPU_CHECK + ["--cpu", "--only", "machine,tests,bench-1b,real-model,chapter-00",
+                                       str(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # not everything ran
+    status = {line.split("|")[1].strip(): line.split("|")[2].strip()
+              for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")}
+    assert status["machine"] == status["bench-1b"] == status["chapter-00"] == "ok", status
+    assert status["tests"].startswith("NOT RUN: pytest is not installed")
+    assert status["real-model"].startswith("FAILED (exit 1)")
+    assert "ModelUnavailableError" in status["real-model"]
+    assert "bench-7b" not in status  # not asked for
+    assert json.loads((out / "machine.json").read_text())["device"] == "cpu"
+    rows = json.loads(next((out / "bench").glob("*tinyllama-1.1b.json")).read_text())["rows"]
+    assert {r["sweep"] for r in rows} == {"modes", "batch", "memory", "roofline", "compare_hf"}
+    assert "8 code cells, 0 skipped" in (out / "logs" / "chapter-00.log").read_text()

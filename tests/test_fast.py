@@ -5,6 +5,7 @@ import torch
 from needs import require
 
 from kvlab import PRESETS
+from kvlab.bench import first_divergence, teacher_forced_agreement
 from kvlab.env import cpp_compiler, half_dtype
 from kvlab.fast import FastDecoder, fast_generate, make_step
 from kvlab.generate import generate
@@ -130,8 +131,12 @@ def test_gpu_modes_match_eager(mode):
     ids = torch.randint(0, 256, (2, 6), device="cuda")
     eager = fast_generate(model, ids, 16).tokens
     other = fast_generate(model, ids, 16, mode=mode).tokens
-    # Half precision: kernels may round differently, so require most tokens to agree.
-    assert (eager == other).float().mean() > 0.9
+    # Half precision: kernels may round a near-tie the other way, and two free generations then go on
+    # from different texts. So the graphed/compiled step is fed eager's tokens (teacher forcing) and must
+    # pick eager's next token at nearly every position.
+    dec = FastDecoder(model, 2, 6 + 16)
+    agree = teacher_forced_agreement(dec, eager, 6, make_step(dec, mode))
+    assert agree > 0.9, f"{agree:.0%}; free generations first differ at {first_divergence(other, eager, 6)}"
 
 
 def test_eos_stops_fast_generate_as_it_stops_generate():

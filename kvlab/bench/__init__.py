@@ -1,4 +1,4 @@
-"""Benchmarks done right: `python -m kvlab.bench [--compare-hf]`.
+"""Benchmarks done right: `python -m kvlab.bench [--compare-hf] [--real-model]`.
 
 Timing rules: run each thing once to warm up (lazy initialisation, caches, CUDA graph capture),
 then several times, and quote the **median**. On a GPU, work is queued asynchronously: a timer
@@ -9,17 +9,37 @@ machine slows both alike.
 
 The package, one job a module; the names below are importable from `kvlab.bench` itself:
 - `timing`: `time_call`, `time_interleaved`, `median`, `op_counts`, `fit_step_time`;
-- `machine`: what a run was measured on, and the bandwidth it runs against;
+- `machine`: what a run was measured on, and the bandwidth it runs against (`match_gpu`: a GPU's
+  data-sheet entry from its full name and memory, or "unknown" and a copy measured beyond its L2);
 - `sweeps`: naive vs cached decoding across lengths, the fixed-shape step eager vs CUDA-graphed /
   compiled, batch size, cache memory measured vs `kvlab.memory`'s formula, and the achieved share of
   the bandwidth roofline (`kvlab.roofline` holds the theory);
-- `compare`: `compare_hf`, the same random weights in `transformers` and in kvlab, side by side;
+- `compare`: `compare_hf` (the same random weights in `transformers` and in kvlab, side by side) and
+  `compare_real_model` (the course's real model), with transformers eager and compiled, labelled, and
+  the tokens checked by `first_divergence` and `teacher_forced_agreement`;
 - `report`: result files `benchmarks/<device>-<date>.json|.csv|.md` and the index `benchmarks/README.md`;
 - `cli`: the command line (`python -m kvlab.bench --help`).
 """
 
-from .compare import compare_hf, hf_twin
-from .machine import copy_bandwidth, cpu_name, device_bandwidth, machine, match_gpu
+from .compare import (
+    compare_hf,
+    compare_models,
+    compare_real_model,
+    first_divergence,
+    hf_compiles,
+    hf_generate_kwargs,
+    hf_twin,
+    teacher_forced_agreement,
+)
+from .machine import (
+    KNOWN_GPUS,
+    copy_bandwidth,
+    copy_bytes_beyond_l2,
+    cpu_name,
+    device_bandwidth,
+    machine,
+    match_gpu,
+)
 from .sweeps import (
     CPU_CONFIG,
     GPU_CONFIG,
@@ -34,7 +54,9 @@ from .sweeps import (
 )
 from .timing import CLOCKS, fit_step_time, median, op_counts, time_call, time_interleaved
 
-__all__ = ["CLOCKS", "CPU_CONFIG", "GPU_CONFIG", "TORCH_DTYPE_NAMES", "compare_hf", "copy_bandwidth",
-           "cpu_name", "device_bandwidth", "fit_step_time", "hf_twin", "machine", "match_gpu",
-           "median", "memory_check", "op_counts", "random_model", "random_prompt", "roofline_rows",
-           "sweep_batch", "sweep_lengths", "sweep_modes", "time_call", "time_interleaved"]
+__all__ = ["CLOCKS", "CPU_CONFIG", "GPU_CONFIG", "KNOWN_GPUS", "TORCH_DTYPE_NAMES", "compare_hf",
+           "compare_models", "compare_real_model", "copy_bandwidth", "copy_bytes_beyond_l2", "cpu_name",
+           "device_bandwidth", "first_divergence", "fit_step_time", "hf_compiles", "hf_generate_kwargs",
+           "hf_twin", "machine", "match_gpu", "median", "memory_check", "op_counts", "random_model",
+           "random_prompt", "roofline_rows", "sweep_batch", "sweep_lengths", "sweep_modes",
+           "teacher_forced_agreement", "time_call", "time_interleaved"]

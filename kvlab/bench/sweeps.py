@@ -44,14 +44,16 @@ def random_prompt(config: ModelConfig, batch: int, length: int, device, seed: in
 def random_model(config: ModelConfig, device, dtype, seed: int = 0) -> Transformer:
     """A kvlab model of this shape with seeded random weights (benchmarks need no training)."""
     torch.manual_seed(seed)
-    return Transformer(config).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # initialised where it runs: a 7B model takes minutes on the CPU
+        return Transformer(config).to(dtype=dtype).eval()
 
 
 def result_row(sweep: str, method: str, times: list[float], tokens: int, **extra) -> dict:
-    """One result row: the timings' median and minimum, and tokens/s at the median."""
+    """One result row: the timings' median, minimum and maximum (their spread), and tokens/s at the
+    median."""
     m = median(times)
     return {"sweep": sweep, "method": method, **extra, "repeats": len(times), "median_s": m,
-            "min_s": min(times), "tokens_per_s": tokens / m}
+            "min_s": min(times), "max_s": max(times), "tokens_per_s": tokens / m}
 
 
 def sweep_lengths(model: Transformer, lengths: Sequence[int], prompt_len: int = 8, repeats: int = 3,
@@ -109,8 +111,9 @@ def sweep_batch(model: Transformer, batch_sizes: Sequence[int], new_tokens: int,
     return rows
 
 
-def memory_check(model: Transformer, batch: int, seq_len: int) -> dict:
-    """The cache's bytes (and, on a GPU, the peak allocated memory of a run) vs kvlab.memory."""
+def memory_check(model: Transformer, batch: int, seq_len: int, mode: str = "eager") -> dict:
+    """The cache's bytes (and, on a GPU, the peak allocated memory of a run of seq_len positions,
+    decoded with `kvlab.fast` mode `mode`) vs kvlab.memory's formulas."""
     device = next(model.parameters()).device
     dtype = TORCH_DTYPE_NAMES[next(model.parameters()).dtype]
     cfg = model.config
@@ -128,14 +131,21 @@ def memory_check(model: Transformer, batch: int, seq_len: int) -> dict:
     row["cache_bytes"] = dec.nbytes
     if device.type == "cuda":
         row["cache_allocated_bytes"] = torch.cuda.memory_allocated(device) - before
-        fast_generate(model, random_prompt(cfg, batch, 8, device), seq_len - 8, decoder=dec)
+        with torch.inference_mode():
+            step = make_step(dec, mode)
+        fast_generate(model, random_prompt(cfg, batch, 8, device), seq_len - 8, mode=mode, decoder=dec,
+                      step_fn=step)
         row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        row["peak_vs_predicted"] = row["peak_allocated_bytes"] / (predicted + row["predicted_weight_bytes"])
+        row["mode"] = mode
     return row
 
 
-def roofline_rows(model: Transformer, bandwidth: float, source: str, measured: Sequence[dict]) -> list[dict]:
+def roofline_rows(model: Transformer, bandwidth: float, source: str, measured: Sequence[dict],
+                  measured_bandwidth: float | None = None) -> list[dict]:
     """Achieved bandwidth of measured decode runs (rows with method, batch, new_tokens, tokens/s)
-    against the device's bandwidth: bytes per step at the mean context × steps per second."""
+    against the device's bandwidth: bytes per step at the mean context × steps per second. With
+    measured_bandwidth (a copy's, `kvlab.bench.machine.copy_bandwidth`), also the share of that."""
     cfg = model.config
     dtype = TORCH_DTYPE_NAMES[next(model.parameters()).dtype]
     rows = []
@@ -148,4 +158,7 @@ def roofline_rows(model: Transformer, bandwidth: float, source: str, measured: S
                      "bytes_per_step": bound.bytes_per_step, "bound_tokens_per_s": bound.tokens_per_s,
                      "bandwidth_bytes_per_s": bandwidth, "bandwidth_source": source,
                      "achieved_bytes_per_s": achieved, "fraction_of_bandwidth": achieved / bandwidth})
+        if measured_bandwidth is not None:
+            rows[-1].update(measured_bandwidth_bytes_per_s=measured_bandwidth,
+                            fraction_of_measured_bandwidth=achieved / measured_bandwidth)
     return rows
