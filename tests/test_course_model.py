@@ -93,6 +93,17 @@ def test_the_first_load_converts_and_caches_later_loads_read_the_cache(tiny, tmp
     assert again.config.name == ours.config.name == path.name  # not the cache's path
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["first-load", "cached"])
+def test_a_dtype_is_honoured_on_the_first_and_on_cached_loads(tiny, cached):
+    if cached:
+        hf.load_course_model(device="cpu")
+    model, tokenizer, hf_model = hf.load_course_model(dtype="bf16", device="cpu", transformers_too=True)
+    assert model.embed.weight.dtype == next(hf_model.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(logits(model, tokenizer), logits(hf_model, tokenizer), rtol=0, atol=0.1)
+    with pytest.raises(ValueError, match="dtype='int3' is not allowed"):
+        hf.load_course_model(dtype="int3")
+
+
 def test_a_changed_file_is_converted_again_not_served_from_the_cache(tiny, tmp_path, conversions):
     path, theirs, tokenizer = tiny
     hf.load_course_model(device="cpu")
