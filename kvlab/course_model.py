@@ -9,8 +9,8 @@ the tokenizer with save_pretrained in a per-user cache folder, under the file's 
 read that folder in seconds. kvlab and transformers then run the same float weights: the *Instruct* model's
 quantized weights, dequantized, not the published bf16 SmolLM2-135M: say so beside any published number.
 
-    model, tokenizer = kvlab.hf.load_course_model()
-    model, tokenizer, hf_model = kvlab.hf.load_course_model(transformers_too=True)
+    model, tokenizer = kvlab.course_model.load_course_model()
+    model, tokenizer, hf_model = kvlab.course_model.load_course_model(transformers_too=True)
 
 The cache holds transformers' layout (one copy serves both models, and it does not go stale when kvlab's
 own layout changes); building kvlab's model from it (fusing Q/K/V and gate/up) takes about a second.
@@ -146,6 +146,11 @@ def _size(n_bytes: float) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.1f} {unit}" if unit == "GiB" else f"{n_bytes / scale:.0f} {unit}"
     return f"{n_bytes:,.0f} bytes"
+
+
+def course_model_name() -> str:
+    """The name the chapters print for their real model: $KVLAB_REAL_MODEL, else the course's model."""
+    return os.environ.get(REAL_MODEL_ENV) or COURSE_MODEL.name
 
 
 def load_course_model(dtype=None, device=None, transformers_too: bool = False) -> tuple:

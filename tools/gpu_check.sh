@@ -14,7 +14,7 @@
 #                Llama-2-7B's shape, bf16, random weights: batch 1, a batch sweep (1, 8, 32), peak
 #                memory vs kv_cache_bytes, the share of the data-sheet and measured bandwidth        ~130 s
 #   bench-1b     the same on TinyLlama-1.1B's shape                                                    ~90 s
-#   real-model   kvlab vs transformers on the course's real model (kvlab.hf.load_course_model)         ~60 s
+#   real-model   kvlab vs transformers on the course's real model (kvlab.course_model.load_course_model)       ~60 s
 #   chapter-NN   each chapter with a GPU branch: its code cells top to bottom on the GPU, asserts
 #                included (nbval checks the stored CPU outputs; this runs the other branch)     ~20-60 s each
 # The chapters are GPU_CHECK_CHAPTERS (default "06 05 07 09 04 03": add a new chapter's number there);

@@ -130,7 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median)")
     p.add_argument("--real-model", action="store_true",
                    help="also compare kvlab and transformers on the course's real model "
-                        "(kvlab.hf.load_course_model; $KVLAB_REAL_MODEL picks another checkpoint)")
+                        "(kvlab.course_model.load_course_model; $KVLAB_REAL_MODEL picks another checkpoint)")
     p.add_argument("--hf-new-tokens", type=int, default=64,
                    help="tokens to generate in --compare-hf and --real-model")
     p.add_argument("--prompt-tokens", type=int, default=None,

@@ -182,14 +182,15 @@ def compare_real_model(new_tokens: int = 64, prompt_len: int = 64, repeats: int 
                        fast_modes: Sequence[str] = ("eager",), hf_compiled: bool | None = None,
                        bandwidth_bytes_per_s: float | None = None,
                        measured_bandwidth_bytes_per_s: float | None = None) -> list[dict]:
-    """kvlab vs `transformers` on the course's real model (`kvlab.hf.load_course_model`, both sides
-    with the same weights), prompted with prompt_len tokens of the course's held-out English text.
+    """kvlab vs `transformers` on the course's real model (`kvlab.course_model.load_course_model`, both
+    sides with the same weights), prompted with prompt_len tokens of the course's held-out English text.
     Raises `kvlab.hf.ModelUnavailableError` when the model cannot be loaded."""
-    from .. import hf, pretrained
+    from .. import course_model, pretrained
 
     device = torch.device(device) if device is not None else env.device()
     dtype = dtype or env.half_dtype(device)
-    kv_model, tokenizer, hf_model = hf.load_course_model(dtype=dtype, device=device, transformers_too=True)
+    kv_model, tokenizer, hf_model = course_model.load_course_model(dtype=dtype, device=device,
+                                                                   transformers_too=True)
     text_ids = tokenizer(pretrained.corpus_text("held_out"), return_tensors="pt").input_ids
     if text_ids.shape[1] < prompt_len:
         raise ValueError(f"prompt_len={prompt_len} is more than the {text_ids.shape[1]} tokens of the "
@@ -197,7 +198,8 @@ def compare_real_model(new_tokens: int = 64, prompt_len: int = 64, repeats: int 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     plain_greedy(hf_model, pad_token_id=pad if pad is not None else 0)
     return compare_models(hf_model, kv_model, text_ids[:, :prompt_len].to(device), new_tokens,
-                          sweep="compare_real", model_name=hf.course_model_name(), repeats=repeats,
+                          sweep="compare_real", model_name=course_model.course_model_name(),
+                          repeats=repeats,
                           progress=progress, clock=clock, fast_modes=fast_modes, hf_compiled=hf_compiled,
                           bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                           measured_bandwidth_bytes_per_s=measured_bandwidth_bytes_per_s)
