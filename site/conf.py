@@ -21,7 +21,9 @@ html_title = "kvlab: the KV cache course"
 root_doc = "index"
 language = "en"
 
-extensions = ["myst_nb"]
+# sphinx-mathjax-offline ships MathJax 3 and serves it from _static/mathjax: formulas render offline and
+# the site loads nothing from another host (a CDN's MathJax would leave raw TeX on an offline reader).
+extensions = ["myst_nb", "sphinx-mathjax-offline"]
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 suppress_warnings = ["myst.header"]  # chapters may step from # to ### on purpose
 

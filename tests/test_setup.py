@@ -91,7 +91,7 @@ def test_make_installs_the_site_extra_and_has_the_site_and_bench_data_targets():
     bench = makefile.split("\nbench: ", 1)[1].split("\n\n", 1)[0]
     assert "$(MAKE) bench-data" in bench
     data = makefile.split("\nbench-data:", 1)[1].split("\n\n", 1)[0]
-    assert "tools/bench_data.py" in data  # copies benchmarks/*.json into kvlab/data/benchmarks/
+    assert "tools/bench_data.py" in data  # it copies benchmarks/*.json into kvlab/data/benchmarks/
 
 
 @pytest.fixture(scope="module")

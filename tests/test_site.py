@@ -3,8 +3,9 @@ deterministic; every page, link and image works; every chapter launches in Colab
 its notebook for download; widgets appear as their last picture and readout, never as an empty box.
 
 The browser tests serve the site on a loopback port and load every page in Debian's chromium. A
-request to another host is answered with an empty body and recorded: the only one a page may make
-is MathJax's script (math then shows as TeX source offline; online the script typesets it).
+request to another host is answered with an empty body and recorded, and fails the test: the site
+serves everything itself, MathJax (sphinx-mathjax-offline) and the font of its Chinese characters
+(tools/cjk_font.py) included, so every formula and every 中文 character renders offline.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import http.server
 import importlib.util
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 from html.parser import HTMLParser
@@ -28,7 +28,9 @@ from needs import CHROMIUM, ROOT, browser_missing, load_tool, require
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
-ALLOWED_EXTERNAL = {"https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"}
+CJK = re.compile(r"[\u2e80-\u2fff\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+FONT = Path("_static") / "fonts" / "kvlab-cjk.woff"
+BUILD_LOG: list[str] = []  # what the build said while it ran (make site prints it)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -41,7 +43,7 @@ NOTEBOOKS, DOCS = site.pages()
 
 
 def _sphinx_missing() -> str | None:
-    for module in ("sphinx", "myst_nb", "sphinx_book_theme"):
+    for module in ("sphinx", "myst_nb", "sphinx_book_theme", "sphinx-mathjax-offline"):
         if importlib.util.find_spec(module) is None:
             return f"Python package {module} not installed — pip install -e '.[site]'"
     return None
@@ -51,7 +53,7 @@ def _sphinx_missing() -> str | None:
 def built() -> Path:
     require(_sphinx_missing(), "website tests")
     out = Path(tempfile.mkdtemp(prefix="kvlab-site-")) / "site"
-    site.build(out)
+    site.build(out, log=BUILD_LOG.append)
     yield out
     shutil.rmtree(out.parent, ignore_errors=True)
 
@@ -176,11 +178,20 @@ def test_the_site_has_the_readme_as_landing_page_one_page_per_chapter_and_the_gu
     assert {"docs/glossary.md", "docs/instructor-guide.md"} <= {p.as_posix() for p in DOCS}
 
 
-def test_chapter_pages_leave_out_the_speaker_notes(built):
+def test_chapter_pages_carry_no_speaker_notes(built):
+    """The notes live in the instructor guide and reach only the presenter's decks (make slides)."""
     for path in NOTEBOOKS:
         nb = nbformat.read(ROOT / path, as_version=4)
-        assert any("speaker-notes" in c.metadata.get("tags", []) for c in nb.cells), path
+        assert not any("speaker-notes" in c.metadata.get("tags", []) for c in nb.cells), path
         assert "Speaker notes" not in "".join(_parse(_page(built, path)).text), path
+
+
+def test_the_build_says_what_it_is_doing(built):
+    """Sphinx takes minutes: its progress is passed on, a line a page read and a page written."""
+    assert BUILD_LOG[0].startswith("site: staging") and BUILD_LOG[-1].startswith("site: wrote")
+    for phase in ("reading sources", "writing output"):
+        pages = [ln for ln in BUILD_LOG if ln.startswith(f"site: sphinx: {phase}")]
+        assert len(pages) >= len(NOTEBOOKS), f"{phase}: {pages[:3]}"
 
 
 def test_chapters_come_in_file_order_and_follow_each_other(built):
@@ -339,8 +350,7 @@ def test_every_page_loads_without_console_errors_and_shows_its_images(built, ser
         if rel not in ("genindex.html", "search.html") and len(text) < 200:
             problems.append(f"{rel}: the page shows almost nothing ({len(text)} characters)")
     assert not problems, "\n".join(problems)
-    external = set(log["external"]) - ALLOWED_EXTERNAL
-    assert not external, f"pages request other hosts: {sorted(external)}"
+    assert not log["external"], f"pages request other hosts: {sorted(set(log['external']))}"
 
 
 def test_search_finds_the_chapter_on_quantization(served, browser_page):
@@ -351,18 +361,112 @@ def test_search_finds_the_chapter_on_quantization(served, browser_page):
     assert any("05_int8_kv_cache.html" in h for h in hits), hits
 
 
-def _cjk_font_missing() -> str | None:
-    found = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True).stdout \
-        if shutil.which("fc-list") else ""
-    return None if found.strip() else "no font with Chinese glyphs — apt-get install fonts-noto-cjk"
+# --- formulas and 中文, offline ---------------------------------------------------------------------
+
+_TYPESET = """async () => {
+  if (!window.MathJax || !MathJax.startup) return {loaded: false};
+  await MathJax.startup.promise;
+  const math = [...document.querySelectorAll('main .math')];
+  const backslash = String.fromCharCode(92);  // TeX source left on the page: not typeset
+  const raw = math.filter(m => !m.querySelector('mjx-container') || m.innerText.includes(backslash));
+  return {loaded: true, math: math.length, raw: raw.map(m => m.innerText.slice(0, 60))};
+}"""
+
+
+def test_every_formula_is_typeset_by_the_sites_own_mathjax(built, served, browser_page):
+    page, log = browser_page
+    with_math = [p for p in _html_pages(built) if 'class="math' in p.read_text(encoding="utf-8")]
+    assert any(p.name == "02_kv_cache.html" for p in with_math), "chapter 02's formulas are gone?"
+    for path in with_math:
+        rel = path.relative_to(built).as_posix()
+        scripts = [src for tag, src in _parse(path).refs if tag == "script" and "mathjax" in src.lower()]
+        assert scripts and all(not urlparse(s).scheme for s in scripts), f"{rel}: MathJax from {scripts}"
+        page.goto(served + rel, wait_until="load")
+        state = page.evaluate(_TYPESET)
+        assert state["loaded"], f"{rel}: MathJax did not load"
+        assert state["math"] and not state["raw"], f"{rel}: formulas left as TeX: {state}"
+    assert not log["external"], f"requests to other hosts: {sorted(set(log['external']))}"
+
+
+def test_the_site_font_has_every_chinese_character_the_site_shows(built):
+    from fontTools.ttLib import TTFont
+
+    cmap = TTFont(built / FONT).getBestCmap()
+    shown = {ch for page in _html_pages(built) for ch in CJK.findall("".join(_parse(page).text))}
+    missing = "".join(sorted(ch for ch in shown if ord(ch) not in cmap))
+    assert shown, "no Chinese on the site: the glossary lost its 中文?"
+    assert not missing, f"{FONT.name} lacks {missing}: run `python tools/cjk_font.py`"
+
+
+# Mark the elements on screen whose own text holds CJK characters; count those characters.
+_MARK_CJK = r"""() => {
+  const cjk = /[\u2e80-\u2fff\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]/g;
+  let n = 0;
+  for (const el of document.querySelectorAll('main *')) {
+    const own = [...el.childNodes].filter(c => c.nodeType === 3).map(c => c.data).join('');
+    const count = (own.match(cjk) || []).length;
+    if (count && el.getClientRects().length) { el.setAttribute('data-kvlab-cjk', count); n += 1; }
+  }
+  return n;
+}"""
+
+# Draw characters one by one in the site's CJK font and fingerprint each picture: real glyphs differ
+# from character to character, tofu (a missing glyph's box) looks the same for all of them.
+_PICTURES = """async (chars) => {
+  await document.fonts.load('40px "kvlab CJK"', chars.join(''));
+  const canvas = document.createElement('canvas');
+  canvas.width = canvas.height = 48;
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  return chars.map(ch => {
+    ctx.clearRect(0, 0, 48, 48);
+    ctx.font = '40px "kvlab CJK"';
+    ctx.fillText(ch, 4, 40);
+    const px = ctx.getImageData(0, 0, 48, 48).data;
+    let h = 0, ink = 0;
+    for (let i = 3; i < px.length; i += 4) { h = (h * 31 + px[i]) | 0; ink += px[i] > 0; }
+    return [h, ink];
+  });
+}"""
+
+
+def test_chinese_renders_in_the_sites_own_font_as_glyphs_not_tofu(built, served, browser_page):
+    """Every CJK character of the glossary is drawn with the site's font (Chrome's own report of the
+    fonts that rendered each element), and as glyphs: 30 characters give 30 different pictures,
+    where 10 private-use characters (no glyph in any font: tofu) give one."""
+    page, log = browser_page
+    page.goto(served + "docs/glossary.html", wait_until="load")
+    page.evaluate("() => document.fonts.ready.then(() => true)")
+    assert page.evaluate(_MARK_CJK) > 10, "the glossary shows too little Chinese to check"
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    wrong = []
+    for node in cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": "[data-kvlab-cjk]"})["nodeIds"]:
+        attrs = cdp.send("DOM.getAttributes", {"nodeId": node})["attributes"]
+        count = int(dict(zip(attrs[::2], attrs[1::2], strict=True))["data-kvlab-cjk"])
+        fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+        ours = sum(f["glyphCount"] for f in fonts if f["isCustomFont"] and "kvlab CJK" in f["familyName"])
+        if ours < count:
+            wrong.append(f"{count} CJK characters, {ours} drawn by the site's font: {fonts}")
+    cdp.detach()
+    assert not wrong, "\n".join(wrong[:5])
+    text = page.inner_text("main")
+    chars = list(dict.fromkeys(CJK.findall(text)))[:30]
+    pictures = page.evaluate(_PICTURES, chars)
+    tofu = page.evaluate(_PICTURES, [chr(0xE000 + i) for i in range(10)])
+    assert len({tuple(p) for p in tofu}) == 1, "the tofu control should draw one picture for all"
+    assert len({tuple(p) for p in pictures}) == len(chars), "some Chinese characters draw the same picture"
+    assert all(ink > 40 for _, ink in pictures), "a Chinese character drew (almost) nothing"
+    shots = Path(tempfile.mkdtemp(prefix="kvlab-site-screenshots-"))
+    page.locator("[data-kvlab-cjk]").first.screenshot(path=shots / "glossary-chinese.png")
+    print(f"\nscreenshot of the glossary's Chinese: {shots / 'glossary-chinese.png'}")
+    assert not log["external"]
 
 
 def test_screenshots_of_a_chapter_and_the_chinese_glossary(built, served, browser_page):
-    """Screenshots to look at (the path is printed); the glossary's 中文 needs a CJK font."""
+    """Screenshots to look at (the path is printed)."""
     page, _ = browser_page
-    glossary = (built / "docs" / "glossary.html").read_text(encoding="utf-8")
-    if re.search(r"[\u4e00-\u9fff]", glossary):
-        require(_cjk_font_missing(), "screenshot of the Chinese glossary")
     shots = Path(tempfile.mkdtemp(prefix="kvlab-site-screenshots-"))
     print(f"\nsite screenshots: {shots}")
     chapter = next((p for p in NOTEBOOKS if "03_" in p.name), NOTEBOOKS[0])

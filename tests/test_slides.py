@@ -1,8 +1,9 @@
 """Every chapter presents as slides (JupyterLab RISE): tools/slides.py's rules, and notebooks following them.
 
 The browser test tests/ui/test_ui_slides.py measures the slides themselves; these tests run without a
-browser: the slide types, the height estimate, the speaker notes from the instructor guide, and that
-running the tool again changes nothing in any notebook.
+browser: the slide types, the height estimate, the speaker notes from the instructor guide (in the
+presenter's decks only: a learner's notebook carries none), and that running the tool again changes
+nothing in any notebook.
 """
 
 import base64
@@ -41,17 +42,19 @@ def plot_cell(source: str, width: int = 600, height: int = 300):
     return cell
 
 
-def run(tmp_path, cells, guide_text=None, name="03_demo.ipynb"):
-    """Write a notebook, apply the tool (with an optional guide), return its cells."""
+def run(tmp_path, cells, name="03_demo.ipynb"):
+    """Write a notebook, apply the tool, return its cells."""
     path = tmp_path / name
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
-    guide = None
-    if guide_text is not None:
-        guide = tmp_path / "guide.md"
-        guide.write_text(guide_text)
-    assert slides.fix(path, guide=guide) is True
-    assert slides.fix(path, guide=guide) is False, "a second run changed the notebook"
+    assert slides.fix(path) is True
+    assert slides.fix(path) is False, "a second run changed the notebook"
     return nbformat.read(path, as_version=4).cells
+
+
+def presented(cells, guide_text=None, chapter="03"):
+    """The deck's cells of a notebook of these cells (with the guide's notes)."""
+    deck, _ = slides.deck(nbformat.v4.new_notebook(cells=cells), guide_text, chapter)
+    return deck.cells
 
 
 def kinds(cells):
@@ -77,6 +80,46 @@ def test_running_slides_again_changes_nothing(path, tmp_path):
     shutil.copy(path, copy)
     assert slides.fix(copy) is False, f"run `python tools/slides.py {path.relative_to(ROOT)}`"
     assert copy.read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_a_learners_notebook_carries_no_speaker_notes(path):
+    cells = nbformat.read(path, as_version=4).cells
+    notes = [i for i, c in enumerate(cells) if slides.is_notes(c) or "Speaker notes" in c.source
+             or c.metadata.get("slideshow", {}).get("slide_type") == "notes"]
+    assert not notes, f"cells {notes} are speaker notes: they belong in the decks (make slides)"
+
+
+def test_every_chapters_deck_has_the_guides_notes_and_the_notebooks_slides(tmp_path):
+    """`make slides` writes one deck a chapter: the notebook's cells, outputs and slide types, plus the
+    guide's notes as cells of slide type "notes"; a deck changed since (run while presenting) is kept."""
+    said = []
+    written = slides.write_decks(NOTEBOOKS, tmp_path, log=said.append)
+    assert [p.name for p in written] == [p.name for p in NOTEBOOKS]
+    for path, deck_path in zip(NOTEBOOKS, written, strict=True):
+        nb, deck = nbformat.read(path, as_version=4), nbformat.read(deck_path, as_version=4)
+        notes = [c for c in deck.cells if slides.is_notes(c)]
+        assert notes and all(c.metadata.slideshow.slide_type == "notes" for c in notes), path.name
+        assert notes[0].source.startswith("Speaker notes") and "Goals" in notes[0].source, path.name
+        rest = [c for c in deck.cells if not slides.is_notes(c)]
+        assert [c.source for c in rest] == [c.source for c in nb.cells]
+        assert [c.get("outputs") for c in rest] == [c.get("outputs") for c in nb.cells]
+        slides.apply(nb)  # the notebook's slides (test_running_slides_again_changes_nothing: as stored)
+        assert kinds(rest) == kinds(nb.cells), f"{path.name}: the notes moved a slide"
+    assert not any("no section" in s for s in said), said
+    deck = nbformat.read(written[3], as_version=4)
+    deck.cells[2].source += "\n# run while presenting"
+    nbformat.write(deck, written[3])
+    said.clear()
+    assert written[3] not in slides.write_decks(NOTEBOOKS, tmp_path, log=said.append)
+    assert any(s.startswith(f"kept {written[3]}") and "--force" in s for s in said), said
+
+
+def test_an_old_notes_cell_is_dropped_from_a_notebook(tmp_path):
+    old = md("Speaker notes (from the instructor guide: speaker view, key T)\n\n- Goals: …")
+    old.metadata["tags"] = [slides.NOTES_TAG]
+    cells = run(tmp_path, [md("# 03 Title"), old, md("## 1 · Shape"), code("x = 1")])
+    assert [c.source.splitlines()[0] for c in cells] == ["# 03 Title", "## 1 · Shape", "x = 1"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -116,12 +159,15 @@ def test_structure_setup_and_outputs(tmp_path):
     imports = code("import torch\nimport kvlab\n\n_ = torch.manual_seed(0)")
     mostly_work = code("import torch\ny = torch.ones(3)\nz = y * 2\nprint(z)")  # not a set-up cell
     tries = code("from kvlab import hf\n\ntry:\n    real = hf.load()\nexcept ImportError:\n    real = None")
-    cells = run(tmp_path, [md("# Title"), setup, imports, helper, code("x = 1"), md("## Section"),
-                           md("### Part"), md("plain prose"), printed, mostly_work, tries])
+    source = [md("# Title"), setup, imports, helper, code("x = 1"), md("## Section"), md("### Part"),
+              md("plain prose"), printed, mostly_work, tries]
+    cells = run(tmp_path, source)
     # "### Part" right after the bare "## Section" stays on its slide: no slide holds a title alone
-    assert kinds(cells) == ["slide", "skip", "skip", "skip", "notes", "-", "slide", "-", "-", "-", "-", "-"]
-    assert cells[9].outputs[0].text == "1\n"  # outputs untouched
-    hidden = cells[4].source  # the title slide's notes (after the hidden cells) say what those do
+    assert kinds(cells) == ["slide", "skip", "skip", "skip", "-", "slide", "-", "-", "-", "-", "-"]
+    assert cells[8].outputs[0].text == "1\n"  # outputs untouched
+    deck = presented(cells)
+    assert kinds(deck) == ["slide", "skip", "skip", "skip", "notes", "-", "slide", "-", "-", "-", "-", "-"]
+    hidden = deck[4].source  # the title slide's notes (after the hidden cells) say what those do
     assert "Colab set-up" in hidden and "imports (torch, kvlab)" in hidden and "def helper" in hidden
 
 
@@ -192,7 +238,7 @@ GUIDE = """# Guide
 def test_speaker_notes_come_from_the_guide_and_are_rewritten_not_repeated(tmp_path):
     cells = [md("# 03 Title"), md("## 1 · Shape\n\nText."), code("x = 1"), md("## 2 · Published models"),
              md("## Try it: size the cache"), md("## Summary\n\n- done")]
-    out = run(tmp_path, cells, GUIDE)
+    out = presented(run(tmp_path, cells), GUIDE)
     notes = {i: c.source for i, c in enumerate(out) if slides.is_notes(c)}
     assert [kinds(out)[i] for i in notes] == ["notes"] * 5
     after = {out[i - 1].source.splitlines()[0]: text for i, text in notes.items()}
@@ -202,12 +248,9 @@ def test_speaker_notes_come_from_the_guide_and_are_rewritten_not_repeated(tmp_pa
     assert "Try it: size the cache" in after["## Try it: size the cache"]
     assert "Weights or cache?" in after["## Summary"] and "factor 2" in after["## Summary"]
     assert "Not this one" not in "".join(notes.values())
-    # the guide changes: the notes follow, and no second copy appears
-    path = tmp_path / "03_demo.ipynb"
-    guide = tmp_path / "guide.md"
-    guide.write_text(GUIDE.replace("say it out loud", "ask the room"))
-    assert slides.fix(path, guide=guide) is True
-    again = nbformat.read(path, as_version=4).cells
+    # a deck of a deck: the notes are rewritten, not repeated; the guide changes: the notes follow
+    assert [c.source for c in presented(out, GUIDE)] == [c.source for c in out]
+    again = presented(out, GUIDE.replace("say it out loud", "ask the room"))
     assert len(again) == len(out)
     assert "ask the room" in "".join(c.source for c in again if slides.is_notes(c))
 
@@ -225,9 +268,9 @@ def test_split_headings_cuts_a_cell_before_its_heading_and_keeps_the_text(tmp_pa
     assert slides.buried_headings(cells) == [2]
     path = tmp_path / "demo.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
-    assert slides.fix(path, guide=None, split=True) is True
-    assert slides.fix(path, guide=None, split=True) is False
-    assert slides.fix(path, guide=None) is False  # a plain run keeps the split
+    assert slides.fix(path, split=True) is True
+    assert slides.fix(path, split=True) is False
+    assert slides.fix(path) is False  # a plain run keeps the split
     out = nbformat.read(path, as_version=4).cells
     assert [c.source.splitlines()[0] for c in out] == [
         "# Title", "## 1 · First", "The end of section 1.", "## 2 · Next section", "### A part", "x = 1"]

@@ -37,7 +37,7 @@ import colab  # noqa: E402
 from run_notebooks import snapshot_widgets  # noqa: E402
 from slides import NOTES_TAG  # noqa: E402
 
-DOCS_ORDER = ["instructor-guide", "glossary", "references", "architecture"]
+DOCS_ORDER = ["instructor-guide", "glossary", "references", "architecture", "style"]
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 LOCAL_BADGE = "images/open-in-colab.svg"  # site/open-in-colab.svg: the site loads nothing from Colab
 LINK = re.compile(r"(\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
@@ -176,14 +176,19 @@ def build(out: Path, root: Path = ROOT, log=None) -> Path:
         work, doctrees, fresh = Path(tmp) / "src", Path(tmp) / "doctrees", Path(tmp) / "html"
         say(f"site: staging {len(pages(root)[0])} notebooks and the docs pages")
         stage(work, root)
-        cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-q", "-W", "--keep-going",
+        cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-W", "--keep-going",
                "-c", str(root / "site"), "-d", str(doctrees), str(work), str(fresh)]
-        env = {**os.environ, "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0"}
-        say("site: running Sphinx (a few minutes on two cores)")
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"sphinx-build failed ({result.returncode}):\n"
-                               f"{result.stdout}\n{result.stderr}")
+        env = {**os.environ, "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0", "NO_COLOR": "1"}
+        say("site: running Sphinx (a few minutes on two cores); its progress follows")
+        lines = []
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, bufsize=1) as sphinx:
+            for line in sphinx.stdout:  # one line a page read or written: the build says where it is
+                lines.append(line)
+                if line.strip():
+                    say(f"site: sphinx: {line.rstrip()}")
+        if sphinx.returncode != 0:
+            raise RuntimeError(f"sphinx-build failed ({sphinx.returncode}):\n{''.join(lines)}")
         notebooks, _ = pages(root)
         for path in notebooks:  # the download button gives the notebook as stored in the repository
             shutil.copyfile(root / path, fresh / "_sources" / path)

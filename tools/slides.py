@@ -1,8 +1,16 @@
 """Make every chapter a slide deck an instructor can present (JupyterLab RISE), with speaker notes.
 
-`python tools/slides.py [notebooks…]` (default: every notebook in notebooks/). Run it again after
-any content change: it only sets `slideshow.slide_type` metadata and rewrites its own speaker-notes
-cells, so stored outputs stay valid, and a second run changes nothing.
+    python tools/slides.py [--split-headings] [notebooks…]      # slide metadata of notebooks/ (default: all)
+    python tools/slides.py --decks [--force] [--out slides]     # the presenter's copies, with speaker notes
+
+The first form sets every cell's `slideshow.slide_type` metadata in place (nothing a learner sees, so
+stored outputs stay valid; a second run changes nothing). Run it again after any content change.
+The second (`make slides`) writes each chapter's *deck* into slides/ (not in git): the notebook with the
+instructor guide's speaker notes added as cells of slide type "notes". The notes live in
+docs/instructor-guide.md and reach only the decks: notebooks/, `make student` and the website carry none.
+An instructor presents from the deck (open `slides/03_cache_memory.ipynb`, Run All, Alt+R; T shows the
+notes). A deck changed since it was written (cells run while presenting) is kept: `--force` replaces it,
+after a backup, as tools/student.py does with a learner's copy.
 
 How it decides, cell by cell:
 - cell 0 (title) starts a slide; a markdown cell with a `## ` heading starts a slide, one with a `### `
@@ -24,8 +32,8 @@ How it decides, cell by cell:
   before it along (a sentence ending in ":" stays with its code);
 - a worked solution (a cell tagged `solution`) starts a sub-slide: the room sees the question first;
 - a `### ` heading right after a bare `## ` heading stays on its slide (no slide with a title alone);
-- speaker notes: the chapter's section of docs/instructor-guide.md is parsed; its "Goals" go to the
-  title slide, each "Run live" bullet `§N, …` (or `Part N: …`, or `"Name": …`) to the notebook
+- speaker notes (decks only): the chapter's section of docs/instructor-guide.md is parsed; its "Goals"
+  go to the title slide, each "Run live" bullet `§N, …` (or `Part N: …`, or `"Name": …`) to the notebook
   section whose heading has that number (or name), other bullets to the title slide,
   "Discussion" and "Usual mistakes" to the Summary (or the last section), "Exercise…" to the first
   "Try it" / "Exercise" section. Each lands in a markdown cell of type "notes", tagged
@@ -35,6 +43,7 @@ How it decides, cell by cell:
 
 from __future__ import annotations
 
+import argparse
 import ast
 import base64
 import json
@@ -47,6 +56,9 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import student  # noqa: E402
+
 GUIDE = ROOT / "docs" / "instructor-guide.md"
 SKIP_TAGS = {"colab-setup", "slides-skip"}
 SOLUTION_TAG = "solution"  # a worked answer (tools/student.py removes them): on a sub-slide of its own
@@ -387,19 +399,33 @@ def setup_summary(cells: list) -> str | None:
             "presenting, so the live cells find what they need.")
 
 
-def apply(nb, guide_text: str | None, chapter: str | None, split: bool = False) -> list[str]:
-    """Set the notes cells and slide types of `nb` in place; return guide bullets that found no section.
-    With split=True, first split markdown cells at buried headings (split_at_headings)."""
+def apply(nb, split: bool = False) -> None:
+    """Set the slide type of every cell of `nb` in place, and drop any speaker-notes cell: a learner's
+    notebook carries none (`deck` adds them to the presenter's copy). With split=True, first split
+    markdown cells at buried headings (split_at_headings)."""
     cells = [c for c in nb.cells if not is_notes(c)]
     if split:
         cells = split_at_headings(cells)
+    for cell, kind in zip(cells, slide_types(cells), strict=True):
+        cell.metadata["slideshow"] = {**cell.metadata.get("slideshow", {}), "slide_type": kind}
+    nb.cells = cells
+
+
+def deck(nb, guide_text: str | None, chapter: str | None):
+    """The presenter's copy of `nb`: its cells and outputs with the guide's speaker notes added as
+    markdown cells of slide type "notes" (tagged `speaker-notes`; RISE shows them in the speaker
+    view, key T). Returns (the copy, guide bullets that found no section); `nb` is not changed.
+    The other cells keep the slide types `apply` gives them: a notes cell takes no room on a slide."""
+    copy = nbformat.from_dict(json.loads(json.dumps(nb)))
+    apply(copy)
+    cells = copy.cells
     section = guide_chapters(guide_text).get(chapter or "", "") if guide_text else ""
     notes, lost = chapter_notes(section, cells) if section else ({}, [])
     summary = setup_summary(cells)
     if summary:
         notes.setdefault(0, []).insert(0, summary)
     # Each notes cell goes after its heading cell and the set-up cells right after it (hidden, so the
-    # notes still land on the heading's slide; and the Colab set-up stays cell 1, as tools/colab.py wants).
+    # notes still land on the heading's slide).
     place = {}
     for i in notes:
         j = i
@@ -413,31 +439,26 @@ def apply(nb, guide_text: str | None, chapter: str | None, split: bool = False) 
             i = place[j]
             note = nbformat.v4.new_markdown_cell(notes_source(notes[i]))
             note.metadata["tags"] = [NOTES_TAG]
-            if nb.nbformat_minor >= 5:  # cell ids exist from nbformat 4.5 on; fixed ones keep reruns equal
+            note.metadata["slideshow"] = {"slide_type": "notes"}
+            if copy.nbformat_minor >= 5:  # cell ids exist from nbformat 4.5 on; fixed ones keep decks equal
                 note.id = f"speaker-notes-{i}"
             else:
                 note.pop("id", None)
             new.append(note)
-    for cell, kind in zip(new, slide_types(new), strict=True):
-        cell.metadata["slideshow"] = {**cell.metadata.get("slideshow", {}), "slide_type": kind}
-    nb.cells = new
-    return lost
+    copy.cells = new
+    return copy, lost
 
 
-def fix(path: Path, guide: Path | None = GUIDE, split: bool = False) -> bool:
-    """Rewrite one notebook's slide metadata and notes cells; True if it changed.
+def fix(path: Path, split: bool = False) -> bool:
+    """Rewrite one notebook's slide metadata (and drop any notes cell); True if it changed.
 
     Reads, computes and writes in one short step, and writes only if the file did not change
     meanwhile (other tools edit notebooks too): if it did, it starts again from the new file.
     """
-    guide_text = guide.read_text(encoding="utf-8") if guide and guide.is_file() else None
-    chapter = path.name[:2] if path.name[:2].isdigit() else None
     for _ in range(5):
         before = path.read_bytes()
         nb = nbformat.reads(before.decode("utf-8"), as_version=4)
-        lost = apply(nb, guide_text, chapter, split)
-        for bullet in lost:
-            print(f"{path.name}: no section for the guide's note {bullet[:60]!r}…", file=sys.stderr)
+        apply(nb, split)
         for i in buried_headings(nb.cells):
             print(f"{path.name}: cell {i} has its heading below other text (--split-headings splits it)",
                   file=sys.stderr)
@@ -450,10 +471,47 @@ def fix(path: Path, guide: Path | None = GUIDE, split: bool = False) -> bool:
     raise RuntimeError(f"{path} kept changing while slides.py was updating it")
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    split = "--split-headings" in args
-    paths = [Path(a) for a in args if a != "--split-headings"] or sorted((ROOT / "notebooks").glob("*.ipynb"))
+DECKS = ROOT / "slides"  # the presenter's copies (not in git), written by `make slides`
+
+
+def write_decks(paths: list[Path], out_dir: Path = DECKS, force: bool = False, guide: Path | None = GUIDE,
+                log=print) -> list[Path]:
+    """Write each notebook's deck (`deck`) into out_dir; return the paths written. A deck changed since
+    this tool wrote it (cells run or edited while presenting) is kept, as tools/student.py keeps a
+    learner's copy; force=True replaces it after a backup."""
+    guide_text = guide.read_text(encoding="utf-8") if guide and guide.is_file() else None
+
+    def make(nb, path: Path):
+        chapter = path.name[:2] if path.name[:2].isdigit() else None
+        presented, lost = deck(nb, guide_text, chapter)
+        for bullet in lost:
+            log(f"{path.name}: no section for the guide's note {bullet[:60]!r}…")
+        return presented
+
+    return student.write_copies(paths, out_dir, force, log, transform=make,
+                                remake="python tools/slides.py --decks --force")
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebooks/*.ipynb")
+    parser.add_argument("--split-headings", action="store_true",
+                        help="split markdown cells at a heading below other text")
+    parser.add_argument("--decks", action="store_true",
+                        help="write the presenter's copies, with speaker notes, instead (default: slides/)")
+    parser.add_argument("--out", type=Path, default=DECKS, help="folder of the decks (with --decks)")
+    parser.add_argument("--force", action="store_true", help="with --decks: replace decks you changed")
+    args = parser.parse_args(argv)
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    if args.decks:
+        write_decks(paths, args.out, args.force)
+        print(f"slides: open {args.out.name}/NN_name.ipynb in JupyterLab (make lab), then Alt+R; "
+              "T shows the speaker notes")
+        return
     for p in paths:
-        if fix(p, split=split):
+        if fix(p, split=args.split_headings):
             print(f"updated {p}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

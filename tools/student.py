@@ -1,7 +1,7 @@
 """Write solution-free student copies of the notebooks: `make student` (or `python tools/student.py`).
 
-Cells tagged `solution` are removed (nbconvert's TagRemovePreprocessor), and so are the instructor's
-speaker notes (cells tagged `speaker-notes`); every output is cleared, so a learner opens
+Cells tagged `solution` are removed (nbconvert's TagRemovePreprocessor), and so is any speaker-notes
+cell (those live in the presenter's decks, tools/slides.py); every output is cleared, so a learner opens
 `student/NN_name.ipynb`, runs it top to bottom, and meets each exercise with `answer = None` and a
 checker that prints a hint instead of the worked solution.
 
@@ -43,12 +43,14 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_copies(paths: list[Path], out_dir: Path = OUT_DIR, force: bool = False,
-                 log=print) -> list[Path]:
+def write_copies(paths: list[Path], out_dir: Path = OUT_DIR, force: bool = False, log=print,
+                 transform=None, remake: str = "python tools/student.py --force") -> list[Path]:
     """Write a student copy of each notebook into out_dir; return the paths written.
 
     A copy already there that this tool did not write, or that was changed since (a learner's
-    work), is kept and reported through `log`; with force=True it is backed up, then replaced."""
+    work), is kept and reported through `log`; with force=True it is backed up, then replaced.
+    `transform(nb, path)` makes the copy (default: `strip`); tools/slides.py writes its decks with
+    its own, and names its own command (`remake`) in the message about a kept copy."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / MANIFEST
@@ -58,13 +60,14 @@ def write_copies(paths: list[Path], out_dir: Path = OUT_DIR, force: bool = False
         target = out_dir / Path(path).name
         if target.exists() and manifest.get(target.name) != _digest(target):
             if not force:
-                log(f"kept {target}: it changed since `make student` wrote it (your work?); "
-                    "run `python tools/student.py --force` to replace it (a backup is kept)")
+                log(f"kept {target}: it changed since it was written (your work?); "
+                    f"`{remake}` replaces it (a backup is kept)")
                 continue
             backup = target.with_name(f"{target.stem}.{time.strftime('%Y%m%d-%H%M%S')}.bak.ipynb")
             shutil.copy2(target, backup)
             log(f"backed up {target} to {backup}")
-        nbformat.write(strip(nbformat.read(path, as_version=4)), target)
+        nb = nbformat.read(path, as_version=4)
+        nbformat.write(transform(nb, Path(path)) if transform else strip(nb), target)
         manifest[target.name] = _digest(target)
         manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         log(f"wrote {target}")

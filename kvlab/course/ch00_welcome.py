@@ -19,7 +19,7 @@ ROADMAP = [
 ]
 
 
-def roadmap():
+def plot_roadmap():
     """The course at a glance: one box per chapter, grouped by the question it answers."""
     fig, ax = plt.subplots(figsize=(12.2, 3.2), layout="constrained")
     groups = {"why": ("#dbe9f6", range(0, 2)), "how big, and how to shrink it": ("#fde2c8", range(2, 5)),
@@ -43,7 +43,7 @@ def roadmap():
 # ---- exercise -------------------------------------------------------------------------------------
 
 
-def byte_tokens(answer, text: str = "KV cache 缓存") -> Verdict:
+def check_byte_tokens(answer, text: str = "KV cache 缓存") -> Verdict:
     """How many byte-level tokens (UTF-8 bytes) does `text` take?"""
     expected = len(text.encode("utf-8"))
     if answer is None:

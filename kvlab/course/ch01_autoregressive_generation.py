@@ -1,6 +1,7 @@
 """Chapter 01, One token at a time: the generation loop, the instruments that measure the naive
 decoder (K/V rows through the projections, FLOPs of the written-out attention), its per-step costs
-and their growth, and the K/V-work exercise. `step_times` and `count_kv_rows` are reused by chapter 02."""
+and their growth, and the K/V-work exercise. `plot_step_times` and `count_kv_rows` are reused by
+chapter 02."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from .style import (
 )
 
 
-def generation_loop(tokens=("The", "KV", "cache", "saves", "work", "."), prompt_len: int = 2,
-                    cached: bool = False):
+def plot_generation_loop(tokens=("The", "KV", "cache", "saves", "work", "."), prompt_len: int = 2,
+                         cached: bool = False):
     """The autoregressive loop, one row a step: what goes into the model, what comes out.
 
     Naive (cached=False): every step feeds the whole sequence again and computes K, V for all of
@@ -117,7 +118,7 @@ def explicit_attention(model):
         yield
 
 
-def step_costs(steps, panels):
+def plot_step_costs(steps, panels):
     """Side-by-side panels of per-step costs, measured (markers) against theory (line).
 
     panels: list of (title, ylabel, measured values, theory, theory label), each optionally followed
@@ -144,8 +145,8 @@ def step_costs(steps, panels):
     return fig
 
 
-def step_times(naive_seconds, cached_seconds,
-               title: str = "Per-step time: growing without a cache, nearly flat with one"):
+def plot_step_times(naive_seconds, cached_seconds,
+                    title: str = "Per-step time: growing without a cache, nearly flat with one"):
     """Wall time of each step: naive grows with the sequence; cached stays nearly flat while its
     cache is small next to the rest of the step (chapter 02 times it at long contexts).
 
@@ -173,7 +174,7 @@ def step_times(naive_seconds, cached_seconds,
     return fig
 
 
-def growth_fit(n, values: dict, fits: dict, ylabel: str = "cumulative cost (relative to the last N)"):
+def plot_growth_fit(n, values: dict, fits: dict, ylabel: str = "cumulative cost (relative to the last N)"):
     """Log-log plot of cumulative costs with their fitted power-law lines and exponents.
 
     n: the N values (or a dict label -> N values, when the series were measured at different N);
@@ -207,7 +208,7 @@ def growth_fit(n, values: dict, fits: dict, ylabel: str = "cumulative cost (rela
     return fig
 
 
-def step_time_vs_length(lengths, seconds, flops):
+def plot_step_time_vs_length(lengths, seconds, flops):
     """Log-log: measured time of one naive step against the tokens it feeds, beside its FLOPs
     (scaled to meet the time at the longest length): where the two run parallel, time follows work;
     where the time lies above the FLOPs line, a fixed cost per step dominates."""
@@ -252,8 +253,8 @@ def _kv_rows(prompt_len: int, new_tokens: int) -> tuple[int, int]:
     return counted[0], counted[1]
 
 
-def kv_work(answer, prompt_len: int = KV_WORK_EXERCISE["prompt_len"],
-            new_tokens: int = KV_WORK_EXERCISE["new_tokens"]) -> Verdict:
+def check_kv_work(answer, prompt_len: int = KV_WORK_EXERCISE["prompt_len"],
+                  new_tokens: int = KV_WORK_EXERCISE["new_tokens"]) -> Verdict:
     """Ch 01: K/V rows one layer computes to generate `new_tokens` tokens after a prompt of
     `prompt_len` tokens; answer = (naive_rows, cached_rows)."""
     p, n = prompt_len, new_tokens

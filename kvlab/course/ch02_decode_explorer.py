@@ -68,7 +68,7 @@ def _panel(fig, box, **kwargs):
     return fig.add_axes((left / width, bottom / height, w / width, h / height), **kwargs)
 
 
-def draw_decode_frame(frames: _trace.DecodeTrace, step: int, layer: int = 0, head: int = 0,
+def plot_decode_frame(frames: _trace.DecodeTrace, step: int, layer: int = 0, head: int = 0,
                       side: str = "K"):
     """One frame of a recorded decode: the text (newest token highlighted) above the K/V rows computed
     so far, and beside them the K or V cache of one layer and head filling row by row (prefill rows set
@@ -231,7 +231,7 @@ def decode_explorer(prompt: str = DECODE_PROMPT, max_new_tokens: int = DECODE_ST
     readout.add_class("kvlab-readout")
 
     def draw(step, layer, head, side):
-        return draw_decode_frame(frames, step, layer, head, side), decode_readout(frames, step)
+        return plot_decode_frame(frames, step, layer, head, side), decode_readout(frames, step)
 
     out = explorer_plot(draw, {"step": step, "layer": layer, "head": head, "side": side}, readout)
     out.layout.height = "430px"

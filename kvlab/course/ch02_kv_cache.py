@@ -11,7 +11,7 @@ from . import style
 from .style import CACHED_FACE, MODEL_FACE, NEW_FACE, PROMPT_FACE, Verdict, arrow, box, new_figure, report
 
 
-def prefill_decode(prompt_len: int = 4, decode_steps: int = 3):
+def plot_prefill_decode(prompt_len: int = 4, decode_steps: int = 3):
     """Prefill (all prompt tokens in parallel fill the cache) and decode (one token a step:
     its Q, K, V; append K, V; attend Q over the cache; pick the next token; repeat)."""
     if prompt_len < 1 or decode_steps < 1:
@@ -67,7 +67,7 @@ def prefill_decode(prompt_len: int = 4, decode_steps: int = 3):
     return fig
 
 
-def speedup_vs_tokens(n_tokens, speedups, rows_ratio=None):
+def plot_speedup_vs_tokens(n_tokens, speedups, rows_ratio=None):
     """Measured total speed-up of the cached decoder over the naive one vs tokens generated,
     with, if given, the ratio of K/V rows computed (the work the cache removes)."""
     fig, ax = new_figure(6.0, 3.8)
@@ -86,7 +86,7 @@ def speedup_vs_tokens(n_tokens, speedups, rows_ratio=None):
     return fig
 
 
-def copy_cost(seq_lens, copied: dict, allocations: dict | None = None):
+def plot_copy_cost(seq_lens, copied: dict, allocations: dict | None = None):
     """Bytes written into cache storage (left) and allocations (right) vs sequence length, for
     each cache kind: concatenation grows like S², pre-allocation like S."""
     import numpy as np
@@ -111,7 +111,7 @@ def copy_cost(seq_lens, copied: dict, allocations: dict | None = None):
     return fig
 
 
-def step_time_vs_context(contexts, seconds: dict, read_bytes=None):
+def plot_step_time_vs_context(contexts, seconds: dict, read_bytes=None):
     """Log-log: measured time of one cached decode step against the positions in the cache, one
     line per cache kind; with read_bytes, the K/V bytes the step reads (scaled to meet the first
     series at the longest context), the part of the step that grows."""
@@ -130,7 +130,7 @@ def step_time_vs_context(contexts, seconds: dict, read_bytes=None):
     return fig
 
 
-def offset_mask(start: int, length: int, mask=None):
+def plot_offset_mask(start: int, length: int, mask=None):
     """The attention mask of a chunk of `length` tokens fed after `start` cached ones: rows are the
     chunk's queries (their RoPE positions start … start + length − 1), columns every key, cached
     and new. True (dark) where the query may look. `mask` defaults to the right one."""
@@ -158,7 +158,7 @@ def offset_mask(start: int, length: int, mask=None):
     return fig
 
 
-def cost_bars(labels, values, ylabel: str, title: str = "", fmt: str = "{:,.0f}"):
+def plot_cost_bars(labels, values, ylabel: str, title: str = "", fmt: str = "{:,.0f}"):
     """One bar per variant, its value written on top (e.g. naive / K-only cache / KV cache)."""
     fig, ax = new_figure(6.0, 3.6)
     colors = ["#C44E52", "#DD8452", "#4C72B0", "#55A868"]
@@ -175,7 +175,7 @@ def cost_bars(labels, values, ylabel: str, title: str = "", fmt: str = "{:,.0f}"
 # ---- exercise: the decode step of one attention layer -------------------------------------------
 
 
-def decode_step(fn) -> Verdict:
+def check_decode_step(fn) -> Verdict:
     """Ch 02: `fn(q_new, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`, the decode step
     of one attention layer, compared with kvlab's cache and attention on random inputs.
 
@@ -191,7 +191,7 @@ def decode_step(fn) -> Verdict:
     from ..config import ModelConfig
 
     if not callable(fn):
-        return report(False, "", "pass your function itself: ch02.decode_step(decode_step).")
+        return report(False, "", "pass your function itself: ch02.check_decode_step(decode_step).")
     gen = torch.Generator().manual_seed(0)
     for batch, heads, cached, dim in [(1, 2, 5, 8), (2, 4, 11, 16), (1, 1, 0, 4)]:
         q, k, v = (torch.randn(batch, heads, 1, dim, generator=gen) for _ in range(3))
@@ -243,7 +243,7 @@ def decode_step(fn) -> Verdict:
 CHUNK_CASES = [(0, 4), (5, 3), (8, 1), (3, 6)]  # (start, length): cached positions, chunk length
 
 
-def chunk_prefill(fn) -> Verdict:
+def check_chunk_prefill(fn) -> Verdict:
     """Ch 02: `fn(start, length) -> (positions, mask)` for a chunk of `length` tokens fed after `start`
     cached ones: the chunk's RoPE positions, a 1-D integer tensor (length,), and its attention mask,
     a bool tensor (length, start + length), True where a query may look at a key."""
@@ -252,7 +252,7 @@ def chunk_prefill(fn) -> Verdict:
     from ..attention import causal_mask
 
     if not callable(fn):
-        return report(False, "", "pass your function itself: ch02.chunk_prefill(chunk_inputs).")
+        return report(False, "", "pass your function itself: ch02.check_chunk_prefill(chunk_inputs).")
     for start, length in CHUNK_CASES:
         want_pos, want_mask = torch.arange(start, start + length), causal_mask(length, start + length)
         try:
@@ -335,5 +335,5 @@ from .ch02_decode_explorer import (  # noqa: E402, F401
     decode_explorer,
     decode_frames,
     decode_readout,
-    draw_decode_frame,
+    plot_decode_frame,
 )

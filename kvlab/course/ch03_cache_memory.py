@@ -21,7 +21,7 @@ from .style import (
 WEIGHT_COLOR, CACHE_COLOR, GPU_COLOR = "#4C72B0", "#DD8452", "#C44E52"
 
 
-def weights_vs_cache(cases, gpu_bytes: int | None = None, gpu_label: str = ""):
+def plot_weights_vs_cache(cases, gpu_bytes: int | None = None, gpu_label: str = ""):
     """Side-by-side bars of weight bytes and KV-cache bytes (in GiB) for each case.
 
     `cases`: a sequence of (label, weight_bytes, cache_bytes). An optional GPU capacity is drawn as
@@ -90,7 +90,7 @@ def _shape_text(config) -> str:
     return f"{config.n_layers} layers × {config.n_kv_heads} KV heads × {config.head_dim} dims"
 
 
-def draw_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 1,
+def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 1,
                 dtype: str = "fp16", gpu: str = "A100 80GB", layers: int | None = None,
                 kv_heads: int | None = None, head_dim: int | None = None):
     """Memory against sequence length for one model, batch, cache dtype and GPU.
@@ -154,7 +154,7 @@ def draw_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
     if trained_for and seq_len > trained_for:
         lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained_for:,} {config.name} was trained for "
                      "(shaded): the memory is real, the model's quality there is not.")
-    fig = memory_vs_seq_len(
+    fig = plot_memory_vs_seq_len(
         seq_lens, weights, cache, g.memory_bytes, g.name, seq_len, p.max_context,
         title=f"{label}, batch {batch_size}, {dtype} cache on {g.name}",
         cache_label=f"KV cache ({dtype}, batch {batch_size})",
@@ -163,10 +163,10 @@ def draw_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
     return fig, "\n".join(lines)
 
 
-def memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: int,
-                      capacity_label: str, current_seq_len: int, max_context: int = 0,
-                      title: str = "", cache_label: str = "KV cache", weight_label: str = "weights",
-                      note: str = "", trained_context: int | None = None):
+def plot_memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: int,
+                           capacity_label: str, current_seq_len: int, max_context: int = 0,
+                           title: str = "", cache_label: str = "KV cache", weight_label: str = "weights",
+                           note: str = "", trained_context: int | None = None):
     """Memory against sequence length on log–log axes: the weights (flat), the KV cache (a straight
     line of slope 1: linear growth), their sum, the GPU's capacity, the current setting and the
     longest context that fits. Lengths beyond `trained_context` (the model's published context) are
@@ -254,7 +254,7 @@ def memory_explorer():
 
     def draw(model, seq_len, batch_size, dtype, gpu, layers, kv_heads, head_dim):
         shape = (layers, kv_heads, head_dim) if model == "custom" else (None, None, None)
-        return draw_memory(model, seq_len, batch_size, dtype, gpu, *shape)
+        return plot_memory(model, seq_len, batch_size, dtype, gpu, *shape)
 
     out = explorer_plot(draw, {
         "model": model, "seq_len": seq_len, "batch_size": batch, "dtype": dtype, "gpu": gpu,
@@ -270,10 +270,10 @@ def memory_explorer():
 CACHE_SIZE_EXERCISE = {"model": "qwen2.5-7b", "seq_len": 32768, "batch_size": 8, "dtype": "fp16"}
 
 
-def cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
-               seq_len: int = CACHE_SIZE_EXERCISE["seq_len"],
-               batch_size: int = CACHE_SIZE_EXERCISE["batch_size"],
-               dtype: str = CACHE_SIZE_EXERCISE["dtype"]) -> Verdict:
+def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
+                     seq_len: int = CACHE_SIZE_EXERCISE["seq_len"],
+                     batch_size: int = CACHE_SIZE_EXERCISE["batch_size"],
+                     dtype: str = CACHE_SIZE_EXERCISE["dtype"]) -> Verdict:
     """The KV cache of `model` for `batch_size` sequences of `seq_len` tokens, in GiB.
 
     Recognises the usual slips and says which: K without V, query heads instead of KV heads,

@@ -31,7 +31,7 @@ def _attention_color(label: str) -> str:
     return ATTENTION_COLORS.get(label.split()[0].rstrip(","), "#777777")
 
 
-def kv_head_sharing(n_heads: int = 8, kv_heads=(8, 2, 1)):
+def plot_kv_head_sharing(n_heads: int = 8, kv_heads=(8, 2, 1)):
     """Which KV head each query head reads: one row per KV-head count (MHA, GQA, MQA).
 
     Query heads are circles, KV heads squares; a line joins each query head to the KV head it
@@ -68,7 +68,7 @@ def kv_head_sharing(n_heads: int = 8, kv_heads=(8, 2, 1)):
     return fig
 
 
-def kv_cache_bars(rows, title: str = ""):
+def plot_kv_cache_bars(rows, title: str = ""):
     """Real models' KV cache: a solid bar as published, a pale bar for the same shape with MHA.
 
     `rows`: a sequence of (label, cache_bytes, mha_bytes, kind) with kind "MHA"/"GQA"/"MQA"/"MLA".
@@ -101,7 +101,7 @@ def kv_cache_bars(rows, title: str = ""):
     return fig
 
 
-def pooled_loss(labels, losses, errors=None, baseline_label: str = "", title: str = ""):
+def plot_pooled_loss(labels, losses, errors=None, baseline_label: str = "", title: str = ""):
     """Held-out loss (nats per byte) of each model as bars, with ± 2 standard errors when given."""
     import numpy as np
 
@@ -175,7 +175,7 @@ def gqa_variants(model: str = "llama-2-70b", n_kv_heads: int | None = None,
     return gqa.variants(shape.with_(n_kv_heads=n_kv_heads)), ""
 
 
-def draw_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len: int = 131072,
+def plot_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len: int = 131072,
              n_heads: int | None = None, layers: int | None = None, head_dim: int | None = None,
              dtype: str = "fp16", batch_size: int = 1):
     """KV-cache memory against sequence length for MHA, the chosen GQA, MQA (and MLA).
@@ -220,7 +220,7 @@ def draw_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len:
     if message:
         lines.append(f"✗ {message}")
     title = ("custom shape" if model == "custom" else model) + f": KV cache ({dtype}, batch {batch_size})"
-    fig = gqa_memory(lens, curves, seq_len, title=title, message=message)
+    fig = plot_gqa_memory(lens, curves, seq_len, title=title, message=message)
     return fig, "\n".join(lines)
 
 
@@ -250,7 +250,7 @@ def _published_line(model: str) -> str:
     return f"Published: {model} uses {p.attention_kind} with {p.n_kv_heads} KV heads."
 
 
-def gqa_memory(seq_lens, curves: dict, seq_len: int, title: str = "", message: str = ""):
+def plot_gqa_memory(seq_lens, curves: dict, seq_len: int, title: str = "", message: str = ""):
     """Left: KV-cache bytes against sequence length (log–log) for each attention variant;
     right: the same variants at `seq_len` as bars, labelled with the ratio to the first (MHA).
 
@@ -316,7 +316,7 @@ def gqa_explorer():
     sequence length → KV-cache memory against sequence length for MHA, GQA, MQA (and MLA), with
     readouts of each variant's size and its ratio to MHA.
 
-    Controls (by description) map to `draw_gqa` arguments: "model" → model, "KV heads" →
+    Controls (by description) map to `plot_gqa` arguments: "model" → model, "KV heads" →
     n_kv_heads, "seq len" → seq_len, "query heads" → n_heads, "layers" → layers, "head dim" →
     head_dim. Choosing a preset loads its shape; changing a preset's shape switches to "custom".
     """
@@ -376,7 +376,7 @@ def gqa_explorer():
         control.observe(on_shape, names="value")
 
     def draw(**values):
-        return draw_gqa(**values)  # looked up when called, so a test can count the redraws
+        return plot_gqa(**values)  # looked up when called, so a test can count the redraws
 
     out = explorer_plot(draw, {"model": model, "n_kv_heads": n_kv, "seq_len": seq_len,
                                "n_heads": n_heads, "layers": layers, "head_dim": head_dim},
@@ -394,7 +394,7 @@ KV_BUDGET_EXERCISE = {"model": "llama-3-8b", "seq_len": 32768, "batch_size": 4, 
                       "budget_gib": 16}
 
 
-def kv_heads_for_budget(answer) -> Verdict:
+def check_kv_heads_for_budget(answer) -> Verdict:
     """The most KV heads (a divisor of the query heads) whose cache fits the budget.
 
     The exercise: a model of Llama-3-8B's shape (32 layers, 32 query heads, head_dim 128) serves

@@ -12,7 +12,7 @@ from ..config import PRESETS, PUBLISHED
 from .style import Verdict, bytes_label, explorer_plot, new_figure, report, tokens_label
 
 
-def channel_magnitudes(k_absmax, v_absmax, title: str = "", heads: int | None = None):
+def plot_channel_magnitudes(k_absmax, v_absmax, title: str = "", heads: int | None = None):
     """Per-channel max |value| over all cached tokens, K above V on the same scale: the few tall
     K bars are the outlier channels that make per-token scales coarse for keys."""
     import numpy as np
@@ -35,7 +35,7 @@ def channel_magnitudes(k_absmax, v_absmax, title: str = "", heads: int | None = 
     return fig
 
 
-def granularity_errors(errors: dict, title: str = ""):
+def plot_granularity_errors(errors: dict, title: str = ""):
     """Grouped bars: relative RMS error of K and V for each scale granularity."""
     import numpy as np
 
@@ -57,7 +57,7 @@ def granularity_errors(errors: dict, title: str = ""):
     return fig
 
 
-def perplexity_change(change: dict, title: str = ""):
+def plot_perplexity_change(change: dict, title: str = ""):
     """Held-out loss change of each cache against the exact one (nats per byte), with ± 2 paired
     standard errors: `change` maps a label to (difference, standard error). A bar whose error bar
     crosses zero is a change that cannot be told from noise."""
@@ -83,7 +83,7 @@ def perplexity_change(change: dict, title: str = ""):
     return fig
 
 
-def bytes_ratio(seq_lens, ratios: dict, references: dict | None = None, limit: float | None = 0.55):
+def plot_bytes_ratio(seq_lens, ratios: dict, references: dict | None = None, limit: float | None = 0.55):
     """Quantized-cache bytes ÷ FP16-cache bytes against the cache length (log x): the fixed
     full-precision window costs at short lengths, the scales stay."""
     fig, ax = new_figure(7.0, 3.8)
@@ -148,7 +148,7 @@ def quant_cache_bytes(config, seq_len: int, dtype: str = "int8", scales: str = "
                                  key_granularity=k_g, value_granularity=v_g, group_size=QUANT_GROUP_SIZE)
 
 
-def draw_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
+def plot_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
                model: str = "llama-2-7b"):
     """Cache memory of `model` against sequence length for fp32 / fp16 / int8 / int4 (the chosen
     storage in bold), and the errors measured for the chosen dtype and scale granularity on a small
@@ -199,14 +199,14 @@ def draw_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
     title = f"{model}: KV cache, batch 1 (computed)"
     setting = dtype + (f", {QUANT_SCALE_LABELS[scales]}" if dtype in ("int8", "int4") else "")
     measured_on = m["run"].split(" on ")[0]   # the quality is measured on a small model, not `model`
-    fig = quant_memory_and_error(lens, curves, chosen if chosen in curves else "fp16", seq_len, errors,
-                                 title=title,
-                                 message=f"{message or setting}\nerror measured on {measured_on}")
+    fig = plot_quant_memory_and_error(lens, curves, chosen if chosen in curves else "fp16", seq_len, errors,
+                                      title=title,
+                                      message=f"{message or setting}\nerror measured on {measured_on}")
     return fig, "\n".join(lines)
 
 
-def quant_memory_and_error(seq_lens, curves: dict, chosen: str, seq_len: int, errors: dict,
-                           title: str = "", message: str = ""):
+def plot_quant_memory_and_error(seq_lens, curves: dict, chosen: str, seq_len: int, errors: dict,
+                                title: str = "", message: str = ""):
     """The quantization explorer's figure. Left: cache bytes against sequence length, one line a
     storage format (`curves`: label -> bytes array), the chosen one bold, a dot at seq_len.
     Right: the measured relative errors of the chosen setting (`errors`: name -> value)."""
@@ -272,7 +272,7 @@ def quant_explorer():
     readout.add_class("kvlab-readout")
 
     def draw(**values):
-        return draw_quant(**values)
+        return plot_quant(**values)
 
     out = explorer_plot(draw, {"dtype": dtype, "scales": scales, "seq_len": seq_len, "model": model},
                         readout)
@@ -284,7 +284,7 @@ def quant_explorer():
 # ---- exercise: absmax int8, one scale per channel -------------------------------------------------
 
 
-def quantize_keys_per_channel(fn) -> Verdict:
+def check_quantize_keys_per_channel(fn) -> Verdict:
     """The learner's `fn(k) -> (codes, scale)`: absmax int8 of a (tokens, channels) tensor with one
     scale per channel. Compared with kvlab.quant.quantize(k, "channel") on keys with outliers."""
     import torch

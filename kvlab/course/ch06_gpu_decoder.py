@@ -12,7 +12,7 @@ from ..memory import GPUS
 from .style import Verdict, close, new_figure, report
 
 
-def lengths_plot(rows: list[dict], title: str = "Naive vs cached decoding"):
+def plot_lengths(rows: list[dict], title: str = "Naive vs cached decoding"):
     """Tokens/s against generated length, one line per method (rows from `bench.sweep_lengths`)."""
     fig, ax = new_figure(7.0, 4.0)
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -22,7 +22,7 @@ def lengths_plot(rows: list[dict], title: str = "Naive vs cached decoding"):
     return _labelled(fig, "tokens generated", "tokens / s (median)", title)
 
 
-def step_time_plot(fed_tokens, seconds, overhead_s: float, per_token_s: float,
+def plot_step_time(fed_tokens, seconds, overhead_s: float, per_token_s: float,
                    title: str = "Time of one naive decoding step"):
     """Measured step times against tokens fed, with the fitted line overhead + per_token × tokens:
     the intercept is what every step costs, however little work it does."""
@@ -47,7 +47,7 @@ def _labelled(fig, xlabel: str, ylabel: str, title: str):
     return fig
 
 
-def roofline_plot(bandwidths: dict[str, float], points: list[dict],
+def plot_roofline(bandwidths: dict[str, float], points: list[dict],
                   title: str = "Decode roofline: tokens/s ≤ bandwidth ÷ bytes per step"):
     """Log-log: one bound line per device (label -> bytes/s) and points, each a dict with label,
     bytes_per_step, tokens_per_s, published (True for figures from papers/READMEs) and optionally
@@ -70,7 +70,7 @@ def roofline_plot(bandwidths: dict[str, float], points: list[dict],
     return fig
 
 
-def intensity_plot(config, gpu_names: list[str], contexts: list[int], batches: list[int],
+def plot_intensity(config, gpu_names: list[str], contexts: list[int], batches: list[int],
                    title: str | None = None):
     """Arithmetic intensity (FLOPs per byte) of a decode step against the batch size, one line per
     context length, with each GPU's ridge point (peak FP16 FLOP/s ÷ bandwidth) as a dashed line:
@@ -100,7 +100,7 @@ def intensity_plot(config, gpu_names: list[str], contexts: list[int], batches: l
 ROOFLINE_EXERCISE = {"model": "llama-3-8b", "gpu": "T4 16GB", "dtype": "int8"}
 
 
-def llama3_int8_t4_roofline(answer) -> Verdict:
+def check_llama3_int8_t4_roofline(answer) -> Verdict:
     """Upper bound on tokens/s for Llama-3-8B with INT8 weights at batch 1 (short context) on a T4."""
     cfg, gpu = PRESETS[ROOFLINE_EXERCISE["model"]], GPUS[ROOFLINE_EXERCISE["gpu"]]
     dtype, bw = ROOFLINE_EXERCISE["dtype"], gpu.bandwidth_bytes_per_s

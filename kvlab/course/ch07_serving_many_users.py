@@ -10,7 +10,7 @@ from ..memory import GiB
 from .style import Verdict, as_number, new_figure, numeric, report, shown
 
 
-def request_lengths(prompt_lens, output_lens, max_len: int):
+def plot_request_lengths(prompt_lens, output_lens, max_len: int):
     """Histograms (log-spaced bins) of the prompt, output and total lengths of a request mix."""
     import numpy as np
 
@@ -41,12 +41,12 @@ SLOT_KINDS = {
     "free": ("#E8E8E8", "free (too little for the next request)"),
     "gap": ("#E8E8E8", "free"),
 }
-WASTE_PARTS = ("used", "future", "internal", "external", "free")   # waste_breakdown's bars
-LAYOUT_PARTS = ("prompt", "generated", "future", "internal", "gap")  # kv_memory_layout's slots
+WASTE_PARTS = ("used", "future", "internal", "external", "free")   # plot_waste_breakdown's bars
+LAYOUT_PARTS = ("prompt", "generated", "future", "internal", "gap")  # plot_kv_memory_layout's slots
 
 
-def waste_breakdown(results: dict, band: tuple[float, float] | None = (0.6, 0.8),
-                    band_label: str = "60–80 % waste (vLLM's figure for pre-paging systems)"):
+def plot_waste_breakdown(results: dict, band: tuple[float, float] | None = (0.6, 0.8),
+                         band_label: str = "60–80 % waste (vLLM's figure for pre-paging systems)"):
     """Stacked bars: how the KV memory is spent under each policy (labels -> SimResult)."""
     fig, ax = new_figure(8.5, 0.8 + 0.6 * len(results))
     labels = list(results)[::-1]
@@ -74,7 +74,7 @@ def waste_breakdown(results: dict, band: tuple[float, float] | None = (0.6, 0.8)
     return fig
 
 
-def kv_memory_layout(panels: dict, width: int = 64):
+def plot_kv_memory_layout(panels: dict, width: int = 64):
     """KV memory drawn slot by slot, `width` slots a row, one panel per layout.
 
     panels maps a title to (layout, capacity) or, for a paged layout, (layout, capacity,
@@ -123,8 +123,8 @@ def kv_memory_layout(panels: dict, width: int = 64):
     return fig
 
 
-def concurrency_vs_memory(memory_bytes, per_sequence_bytes: dict, markers: dict | None = None,
-                          title: str = ""):
+def plot_concurrency_vs_memory(memory_bytes, per_sequence_bytes: dict, markers: dict | None = None,
+                               title: str = ""):
     """Concurrent sequences that fit in a KV budget, one line per policy (label -> bytes each
     running sequence costs), with optional named budgets (e.g. GPUs) marked on the x axis."""
     import numpy as np
@@ -149,7 +149,7 @@ def concurrency_vs_memory(memory_bytes, per_sequence_bytes: dict, markers: dict 
     return fig
 
 
-def block_size_tradeoff(block_sizes, waste, table_entries, read_seconds=None):
+def plot_block_size_tradeoff(block_sizes, waste, table_entries, read_seconds=None):
     """Left: waste (last blocks) vs block size; right: block-table entries a sequence needs and,
     if given, measured times to read one sequence through its table: a list (one line) or a dict
     label -> list (one line each)."""
@@ -200,8 +200,8 @@ PAGED_BLOCKS_EXERCISE = {"n_tokens": 1234, "block_size": 32}
 PAGED_FIT_EXERCISE = {"num_blocks": 4096, "block_size": 16, "n_tokens": 700, "max_len": 2048}
 
 
-def paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
-                 block_size: int = PAGED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
+def check_paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
+                       block_size: int = PAGED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
     """(blocks, wasted slots) of one sequence of n_tokens tokens in blocks of block_size."""
     from ..cache.paged import blocks_needed, wasted_slots
 
@@ -223,10 +223,10 @@ def paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
                   "wasted slots = blocks × block_size − tokens.")
 
 
-def paged_sequences_fit(answer, num_blocks: int = PAGED_FIT_EXERCISE["num_blocks"],
-                        block_size: int = PAGED_FIT_EXERCISE["block_size"],
-                        n_tokens: int = PAGED_FIT_EXERCISE["n_tokens"],
-                        max_len: int = PAGED_FIT_EXERCISE["max_len"]) -> Verdict:
+def check_paged_sequences_fit(answer, num_blocks: int = PAGED_FIT_EXERCISE["num_blocks"],
+                              block_size: int = PAGED_FIT_EXERCISE["block_size"],
+                              n_tokens: int = PAGED_FIT_EXERCISE["n_tokens"],
+                              max_len: int = PAGED_FIT_EXERCISE["max_len"]) -> Verdict:
     """How many sequences of n_tokens fit at once in a pool of num_blocks blocks with paging."""
     from ..cache.paged import blocks_needed
 

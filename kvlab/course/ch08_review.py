@@ -16,19 +16,19 @@ from .style import Verdict, as_number, close, new_figure, numeric, report, shown
 
 # name -> (the right letter, what the ✓ says, the hint)
 QUIZ_CHOICES: dict[str, tuple[str, str, str]] = {
-    "quiz_cache_not_weights": (
+    "check_cache_not_weights": (
         "b", "Right: the cache is built during inference from this request's tokens and thrown away when "
              "the request ends; the weights never change.",
         "which of these changes from one prompt to the next? The weights do not."),
-    "quiz_k_and_v": (
+    "check_k_and_v": (
         "c", "Right: the scores need K, the output is a weighted sum of V; drop V from the cache and every "
              "step recomputes the values of all earlier tokens.",
         "softmax(q·Kᵀ/√d) gives weights; what are they multiplied with?"),
-    "quiz_bigger_cache": (
+    "check_bigger_cache": (
         "d", "Right: reserved cache memory is taken from the batch (and from activations); size the cache "
              "for the context you need, no more.",
         "memory on a GPU is fixed: what else needs the bytes a cache reserves?"),
-    "quiz_prefix_sharing": (
+    "check_prefix_sharing": (
         "b", "Right: in causal attention a token's K and V depend only on the tokens up to it, so the "
              "shared blocks hold exactly what the request's own prefill would compute.",
         "what does the K and V of token i depend on in causal attention?"),
@@ -50,27 +50,27 @@ def _choice(name: str, answer) -> Verdict:
     return report(letter == right, success, hint)
 
 
-def quiz_cache_not_weights(answer) -> Verdict:
+def check_cache_not_weights(answer) -> Verdict:
     """Misconception 1: the KV cache is made at inference time from the input, not stored in weights."""
-    return _choice("quiz_cache_not_weights", answer)
+    return _choice("check_cache_not_weights", answer)
 
 
-def quiz_k_and_v(answer) -> Verdict:
+def check_k_and_v(answer) -> Verdict:
     """Misconception 2: attention needs both K (for the scores) and V (for the weighted sum)."""
-    return _choice("quiz_k_and_v", answer)
+    return _choice("check_k_and_v", answer)
 
 
-def quiz_bigger_cache(answer) -> Verdict:
+def check_bigger_cache(answer) -> Verdict:
     """Misconception 3: a larger cache reservation is not free; it takes memory from everything else."""
-    return _choice("quiz_bigger_cache", answer)
+    return _choice("check_bigger_cache", answer)
 
 
-def quiz_prefix_sharing(answer) -> Verdict:
+def check_prefix_sharing(answer) -> Verdict:
     """Chapter 09: a request that reuses a shared prefix's K/V blocks generates exactly the same tokens."""
-    return _choice("quiz_prefix_sharing", answer)
+    return _choice("check_prefix_sharing", answer)
 
 
-def quiz_window_cache(answer) -> Verdict:
+def check_window_cache(answer) -> Verdict:
     """Chapter 09: Mistral-7B keeps a 4,096-token sliding window; one stream has reached 100,000 tokens.
     Its FP16 cache in GiB: only the window is stored."""
     if close(answer, memory.kv_cache_bytes(PRESETS["mistral-7b"], 100_000, 1, "fp16") / GiB, 1e-3):
@@ -81,14 +81,14 @@ def quiz_window_cache(answer) -> Verdict:
                       "bytes per token (Mistral-7B: 32 layers, 8 KV heads, head_dim 128) × 4,096, ÷ 1024**3.")
 
 
-def quiz_bytes_per_token(answer) -> Verdict:
+def check_bytes_per_token(answer) -> Verdict:
     """Llama-2-7B, FP16: KV-cache bytes per token, all layers (2 × L × H_kv × D × 2 bytes)."""
     return numeric(answer, memory.kv_bytes_per_token(PRESETS["llama-2-7b"], "fp16"), 1e-9,
                    "Right: 2 × 32 layers × 32 KV heads × 128 × 2 bytes.",
                    "2 (K and V) × layers × KV heads × head_dim × bytes per element, in bytes.")
 
 
-def quiz_total_cache(answer) -> Verdict:
+def check_total_cache(answer) -> Verdict:
     """Llama-3-8B, 8,192 tokens, batch 4, FP16: the whole KV cache in GiB."""
     return _cache_gib(answer, "llama-3-8b", 8192, 4, "fp16", "Right: bytes per token × tokens × sequences.",
                       "bytes per token (Llama-3-8B has 8 KV heads) × 8,192 × 4, divided by 1024**3.")
@@ -102,20 +102,20 @@ def _cache_gib(answer, model: str, seq_len: int, batch_size: int, dtype: str, su
                    "that looks like bytes: the question asks for GiB (divide by 1024**3).")
 
 
-def quiz_rows_naive(answer) -> Verdict:
+def check_rows_naive(answer) -> Verdict:
     """K/V rows computed without a cache for N = 4,096 tokens: 1 + 2 + … + N = N(N+1)/2."""
     n = 4096
     return numeric(answer, n * (n + 1) // 2, 1e-9, "Right: N(N+1)/2, quadratic in N.",
                    "step t recomputes K and V for all t tokens so far; add up 1 + 2 + … + N.")
 
 
-def quiz_rows_cached(answer) -> Verdict:
+def check_rows_cached(answer) -> Verdict:
     """K/V rows computed with a cache for N = 4,096 tokens: each token's K and V once."""
     return numeric(answer, 4096, 1e-9, "Right: one row a token, linear in N.",
                    "with a cache, how many times is each token's K and V computed?")
 
 
-def quiz_gqa_ratio(answer) -> Verdict:
+def check_gqa_ratio(answer) -> Verdict:
     """Llama-2-70B: how many times smaller its GQA cache (8 KV heads) is than with MHA (64)."""
     gqa = PRESETS["llama-2-70b"]
     mha = gqa.with_(n_kv_heads=gqa.n_heads)
@@ -124,7 +124,7 @@ def quiz_gqa_ratio(answer) -> Verdict:
                    "the cache is proportional to n_kv_heads; compare 64 with 8.")
 
 
-def quiz_int8_cache(answer) -> Verdict:
+def check_int8_cache(answer) -> Verdict:
     """Llama-3-8B at 32,768 tokens, batch 1: the INT8 KV cache in GiB (scales ignored)."""
     return _cache_gib(answer, "llama-3-8b", 32768, 1, "int8", "Right: one byte an element, half of FP16.",
                       "compute the FP16 size in GiB, then one byte an element instead of two.")
@@ -135,7 +135,7 @@ PAGING_TOKENS = 1000     # tokens the request ends up holding
 PAGING_RESERVED = 4096   # what a pre-paging server reserves for it (the model's max length)
 
 
-def quiz_paging_blocks(answer) -> Verdict:
+def check_paging_blocks(answer) -> Verdict:
     """Blocks a 1,000-token sequence occupies with 16-token blocks: ceil(1000 / 16)."""
     blocks = -(-PAGING_TOKENS // PAGING_BLOCK)
     return numeric(answer, blocks, 1e-9,
@@ -157,7 +157,7 @@ def _sim(policy: str):
     return fragmentation.simulate(prompt, output, policy, capacity=e["capacity"], max_len=e["max_len"])
 
 
-def sim_reserved_waste(answer) -> Verdict:
+def check_sim_reserved_waste(answer) -> Verdict:
     """Chapter 07's simulator, 1,000 requests of the default mix with max_len 4,096, 32 × 4,096 slots:
     the share of KV memory that holds no token when every request reserves 4,096 (Orca (Max))."""
     value = as_number(answer)
@@ -183,8 +183,8 @@ def sim_reserved_waste(answer) -> Verdict:
 # ---- capacity planning ----------------------------------------------------------------------------
 
 
-def capacity_curve(config, gpu_names=None, dtype: str = "fp16", weight_dtype: str = "fp16",
-                   reserve_fraction: float = 0.1, seq_lens=None):
+def plot_capacity_curve(config, gpu_names=None, dtype: str = "fp16", weight_dtype: str = "fp16",
+                        reserve_fraction: float = 0.1, seq_lens=None):
     """How many sequences of each length fit next to the weights, one line per GPU (log-log).
 
     A GPU whose memory the weights (plus reserve) already fill gets no line, and the legend says so.
@@ -216,7 +216,7 @@ def capacity_curve(config, gpu_names=None, dtype: str = "fp16", weight_dtype: st
     return fig
 
 
-def plan_max_batch(answer) -> Verdict:
+def check_plan_max_batch(answer) -> Verdict:
     """Llama-3-8B on an A100 80GB, FP16, 10 % reserve: how many 8,192-token sequences fit."""
     expected = memory.plan(PRESETS["llama-3-8b"], "A100 80GB", 8192, 1, "fp16", "fp16", 0.1).max_batch
     return numeric(answer, expected, 1e-9, "Right: free memory ÷ bytes of one full sequence, rounded down.",
@@ -224,7 +224,7 @@ def plan_max_batch(answer) -> Verdict:
                    "or read it from kvlab.memory.plan(...).max_batch.")
 
 
-def plan_70b_int8(answer) -> Verdict:
+def check_plan_70b_int8(answer) -> Verdict:
     """Llama-2-70B on an H200 with INT8 weights, FP16 cache, 10 % reserve: 4,096-token sequences."""
     expected = memory.plan(PRESETS["llama-2-70b"], "H200 141GB", 4096, 1, "fp16", "int8", 0.1).max_batch
     return numeric(answer, expected, 1e-9, "Right: halving the weights' bytes is what makes room.",

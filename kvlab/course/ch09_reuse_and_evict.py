@@ -59,8 +59,8 @@ def budget_measurements(stream_len: int = STREAM_LEN, budgets: tuple = BUDGETS,
             "streams": ids.shape[0], "bytes_per_token": per_token}
 
 
-def budget_curve(measurements: dict, title: str = "Held-out loss against cache budget (kvlab-tiny)",
-                 current: tuple[str, int] | None = None):
+def plot_budget_curve(measurements: dict, title: str = "Held-out loss against cache budget (kvlab-tiny)",
+                      current: tuple[str, int] | None = None):
     """Loss against budget, one line per policy; "full" as a horizontal line at its one value
     (it holds the whole stream). `current` = (policy, budget) is marked."""
     fig, ax = new_figure(7.5, 3.6)
@@ -85,7 +85,7 @@ def budget_curve(measurements: dict, title: str = "Held-out loss against cache b
     return fig
 
 
-def draw_budget(policy: str = "sinks + window", budget: int = 64, measurements: dict | None = None):
+def plot_budget(policy: str = "sinks + window", budget: int = 64, measurements: dict | None = None):
     """The cache-budget explorer's picture and readout: (Figure, text). `measurements` defaults to
     `budget_measurements()` (computed once, then reused)."""
     from ..eviction import POLICIES
@@ -97,7 +97,7 @@ def draw_budget(policy: str = "sinks + window", budget: int = 64, measurements: 
     full = m["losses"]["full"][0]
     kept = m["stream_len"] if policy == "full" else budget
     llama = PRESETS["llama-3-8b"]
-    fig = budget_curve(m, current=(policy, budget))
+    fig = plot_budget_curve(m, current=(policy, budget))
     text = "\n".join([
         f"{policy}: {kept} of {m['stream_len']} positions kept per sequence"
         + ("" if policy == "full" else " (storage fixed, whatever the stream length)"),
@@ -123,13 +123,13 @@ def cache_budget_explorer():
                                style=style, layout=w.Layout(width="420px"), continuous_update=False)
     readout = w.HTML()
     readout.add_class("kvlab-readout")
-    out = explorer_plot(draw_budget, {"policy": policy, "budget": budget}, readout)
+    out = explorer_plot(plot_budget, {"policy": policy, "budget": budget}, readout)
     box = w.VBox([w.HBox([policy, budget]), out, readout])
     box.add_class("kvlab-cache-budget-explorer")
     return box
 
 
-def first_positions_attention(maps, first: int = 16, skip: int = 64):
+def plot_first_positions_attention(maps, first: int = 16, skip: int = 64):
     """Mean attention weight each of the first `first` key positions receives from queries at
     positions >= skip, per layer (lines), next to what uniform attention would give."""
     import torch
@@ -149,7 +149,7 @@ def first_positions_attention(maps, first: int = 16, skip: int = 64):
     return fig
 
 
-def loss_along_stream(curves: dict, window: int | None = None, trained: int | None = None):
+def plot_loss_along_stream(curves: dict, window: int | None = None, trained: int | None = None):
     """Per-position loss (smoothed) along the stream, one line per label -> 1-D values."""
     import numpy as np
 
@@ -177,7 +177,7 @@ SHARING_PREFIX = (0, 256, 512, 1024, 2048, 4096)
 SHARING_SUFFIX = (16, 64, 256, 1024)
 
 
-def draw_sharing(users: int = 16, prefix_len: int = 1024, suffix_len: int = 64, block_size: int = 16,
+def plot_sharing(users: int = 16, prefix_len: int = 1024, suffix_len: int = 64, block_size: int = 16,
                  model: str = SHARING_MODEL):
     """Blocks and prefill tokens for `users` requests sharing a prefix, without and with sharing:
     (Figure, text)."""
@@ -226,14 +226,14 @@ def prefix_sharing_explorer():
     suffix = slider("own suffix", SHARING_SUFFIX, 64)
     readout = w.HTML()
     readout.add_class("kvlab-readout")
-    out = explorer_plot(draw_sharing, {"users": users, "prefix_len": prefix, "suffix_len": suffix},
+    out = explorer_plot(plot_sharing, {"users": users, "prefix_len": prefix, "suffix_len": suffix},
                         readout)
     box = w.VBox([users, prefix, suffix, out, readout])
     box.add_class("kvlab-prefix-sharing-explorer")
     return box
 
 
-def hit_rate_plot(pool_blocks, hit_rates: dict, best: float | None = None):
+def plot_hit_rate(pool_blocks, hit_rates: dict, best: float | None = None):
     """Hit rate of the prefix index against pool size, one line per label -> rates."""
     fig, ax = new_figure(7.0, 3.8)
     for label, rates in hit_rates.items():
@@ -248,7 +248,7 @@ def hit_rate_plot(pool_blocks, hit_rates: dict, best: float | None = None):
     return fig
 
 
-def offload_plot(tokens, seconds: dict, title: str):
+def plot_offload(tokens, seconds: dict, title: str):
     """Time to bring back (or recompute) the K/V of n tokens, one line per label -> seconds."""
     fig, ax = new_figure(7.0, 3.8)
     for label, values in seconds.items():
@@ -268,10 +268,10 @@ SHARED_BLOCKS_EXERCISE = {"users": 20, "prefix_len": 1000, "suffix_len": 200, "b
 WINDOW_BYTES_EXERCISE = {"model": "mistral-7b", "window": 4096, "batch_size": 8, "dtype": "fp16"}
 
 
-def shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["users"],
-                         prefix_len: int = SHARED_BLOCKS_EXERCISE["prefix_len"],
-                         suffix_len: int = SHARED_BLOCKS_EXERCISE["suffix_len"],
-                         block_size: int = SHARED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
+def check_shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["users"],
+                               prefix_len: int = SHARED_BLOCKS_EXERCISE["prefix_len"],
+                               suffix_len: int = SHARED_BLOCKS_EXERCISE["suffix_len"],
+                               block_size: int = SHARED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
     """Blocks held by `users` requests of prefix_len shared + suffix_len own tokens, with sharing."""
     from ..prefix import sharing
 
@@ -300,10 +300,10 @@ def shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["users"],
                    "has the rest: ceil((prefix + suffix) / block_size) − the shared ones.")
 
 
-def window_cache_gib(answer, model: str = WINDOW_BYTES_EXERCISE["model"],
-                     window: int = WINDOW_BYTES_EXERCISE["window"],
-                     batch_size: int = WINDOW_BYTES_EXERCISE["batch_size"],
-                     dtype: str = WINDOW_BYTES_EXERCISE["dtype"]) -> Verdict:
+def check_window_cache_gib(answer, model: str = WINDOW_BYTES_EXERCISE["model"],
+                           window: int = WINDOW_BYTES_EXERCISE["window"],
+                           batch_size: int = WINDOW_BYTES_EXERCISE["batch_size"],
+                           dtype: str = WINDOW_BYTES_EXERCISE["dtype"]) -> Verdict:
     """The sliding-window cache of `batch_size` sequences of any length, in GiB."""
     from ..memory import GiB, kv_cache_bytes
 

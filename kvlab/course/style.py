@@ -76,7 +76,7 @@ def arrow(ax, start, end, color="#333333", style="-|>", rad=0.0, lw=1.2):
 
 
 # ---- explorers ------------------------------------------------------------------------------------
-# Each explorer is a thin shell of core ipywidgets around an ordinary `draw_…` function that returns
+# Each explorer is a thin shell of core ipywidgets around an ordinary `plot_…` function that returns
 # (Figure, readout text); the notebooks also call that function directly, so nbval tests what the
 # widget shows.
 

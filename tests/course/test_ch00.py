@@ -10,14 +10,14 @@ matplotlib.use("Agg")
 
 
 def test_roadmap_has_a_box_per_chapter():
-    fig = ch00.roadmap()
+    fig = ch00.plot_roadmap()
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert all(num in texts for num, _, _ in ch00.ROADMAP)
     matplotlib.pyplot.close(fig)
 
 
 def test_a_checker_prints_its_verdict_once_and_displays_nothing_more(capsys):
-    right, wrong = ch00.byte_tokens(15), ch00.byte_tokens(14)
+    right, wrong = ch00.check_byte_tokens(15), ch00.check_byte_tokens(14)
     assert right and not wrong
     out = capsys.readouterr().out
     assert out.startswith("✓ 'KV cache 缓存' is 15 byte tokens.") and "✗ Not yet. Hint:" in out
@@ -29,10 +29,10 @@ def test_a_checker_prints_its_verdict_once_and_displays_nothing_more(capsys):
 
 
 def test_unanswered_exercises_get_a_hint_not_an_error(capsys):
-    assert not ch00.byte_tokens(None)
+    assert not ch00.check_byte_tokens(None)
     assert "replace None" in capsys.readouterr().out
-    assert ch00.byte_tokens("15") and ch00.byte_tokens(15.0)
+    assert ch00.check_byte_tokens("15") and ch00.check_byte_tokens(15.0)
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch00.byte_tokens], WRONG_VALUES)
-test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch00.byte_tokens])
+test_any_wrong_answer_gets_a_hint = hint_test([ch00.check_byte_tokens], WRONG_VALUES)
+test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch00.check_byte_tokens])

@@ -25,7 +25,7 @@ def _close_figures():
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_generation_loop_counts_rows(cached):
-    fig = ch01.generation_loop(("a", "b", "c", "d", "e"), prompt_len=2, cached=cached)
+    fig = ch01.plot_generation_loop(("a", "b", "c", "d", "e"), prompt_len=2, cached=cached)
     texts = [t.get_text() for t in fig.axes[0].texts]
     # naive: 2 + 3 + 4 rows; cached: prefill 2, then 1 + 1
     assert f"total: {4 if cached else 9}" in texts
@@ -33,17 +33,17 @@ def test_generation_loop_counts_rows(cached):
 
 def test_generation_loop_rejects_bad_prompt_len():
     with pytest.raises(ValueError, match="prompt_len=5"):
-        ch01.generation_loop(("a", "b"), prompt_len=5)
+        ch01.plot_generation_loop(("a", "b"), prompt_len=5)
 
 
 def test_chapter_figures_draw():
-    figs = [ch01.step_costs([1, 2, 3], [("rows", "K/V rows", [1, 2, 3], [1, 2, 3], "theory"),
-                                        ("time", "ms", [1.0, 1.5, 2.0], None, "")]),
-            ch01.growth_fit([8, 16, 32], {"rows": [36, 136, 528]}, {"rows": (2.0, -0.5)}),
-            ch01.growth_fit({"rows": [8, 16], "time": [4, 8]}, {"rows": [36, 136], "time": [1.0, 3.5]},
-                            {"rows": (2.0, -0.5), "time": (1.8, -2.0)}),
-            ch01.step_times([0.1, 0.2], [0.1, 0.1]),
-            ch01.step_times([0.1, 0.2], None)]
+    figs = [ch01.plot_step_costs([1, 2, 3], [("rows", "K/V rows", [1, 2, 3], [1, 2, 3], "theory"),
+                                             ("time", "ms", [1.0, 1.5, 2.0], None, "")]),
+            ch01.plot_growth_fit([8, 16, 32], {"rows": [36, 136, 528]}, {"rows": (2.0, -0.5)}),
+            ch01.plot_growth_fit({"rows": [8, 16], "time": [4, 8]}, {"rows": [36, 136], "time": [1.0, 3.5]},
+                                 {"rows": (2.0, -0.5), "time": (1.8, -2.0)}),
+            ch01.plot_step_times([0.1, 0.2], [0.1, 0.1]),
+            ch01.plot_step_times([0.1, 0.2], None)]
     assert all(isinstance(f, matplotlib.figure.Figure) for f in figs)
     assert len(figs[0].axes) == 2
 
@@ -56,17 +56,17 @@ def test_kv_work_matches_generate_and_hints(capsys):
     naive = generate(model, [1] * p, n, cache=None).kv_rows
     cached = generate(model, [1] * p, n, cache="dynamic").kv_rows
     assert naive == sum(p + i for i in range(n)) and cached == p + n - 1
-    assert ch01.kv_work((naive, cached), prompt_len=p, new_tokens=n)
-    assert not ch01.kv_work(None, prompt_len=p, new_tokens=n)
-    assert not ch01.kv_work((n * (n + 1) // 2, cached), prompt_len=p, new_tokens=n)
+    assert ch01.check_kv_work((naive, cached), prompt_len=p, new_tokens=n)
+    assert not ch01.check_kv_work(None, prompt_len=p, new_tokens=n)
+    assert not ch01.check_kv_work((n * (n + 1) // 2, cached), prompt_len=p, new_tokens=n)
     assert "prompt" in capsys.readouterr().out.splitlines()[-1]
-    assert not ch01.kv_work((naive, p + n), prompt_len=p, new_tokens=n)
+    assert not ch01.check_kv_work((naive, p + n), prompt_len=p, new_tokens=n)
     assert "never fed back" in capsys.readouterr().out
-    assert not ch01.kv_work((f"{naive:,}", cached))  # the default exercise has other numbers
+    assert not ch01.check_kv_work((f"{naive:,}", cached))  # the default exercise has other numbers
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch01.kv_work], WRONG_VALUES + WRONG_PAIRS)
-test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch01.kv_work])
+test_any_wrong_answer_gets_a_hint = hint_test([ch01.check_kv_work], WRONG_VALUES + WRONG_PAIRS)
+test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch01.check_kv_work])
 
 
 def _model(n_kv_heads=2, seed=0):
@@ -123,7 +123,7 @@ def test_count_kv_rows_counts_what_passes_through_each_projection():
 
 def test_step_plots_draw_several_theory_lines():
     theory = {"linear": [2, 4, 6], "+ attn": [2, 4.5, 7]}
-    fig = ch01.step_costs([1, 2, 3], [("flops", "FLOPs", [2, 4, 7], theory, "")])
+    fig = ch01.plot_step_costs([1, 2, 3], [("flops", "FLOPs", [2, 4, 7], theory, "")])
     assert [line.get_label() for line in fig.axes[0].lines] == ["measured", "linear", "+ attn"]
-    fig = ch01.step_time_vs_length([1, 4, 16], [1e-3, 1.2e-3, 3e-3], [10, 40, 160])
+    fig = ch01.plot_step_time_vs_length([1, 4, 16], [1e-3, 1.2e-3, 3e-3], [10, 40, 160])
     assert fig.axes[0].get_xscale() == "log"

@@ -16,17 +16,17 @@ matplotlib.use("Agg")
 
 
 def test_chapter_figures_draw():
-    figs = [ch02.prefill_decode(4, 3), ch02.prefill_decode(30, 20),
-            ch02.speedup_vs_tokens([8, 16], [2.0, 4.0], [4.5, 8.5]),
-            ch02.copy_cost([1, 2], {"dynamic": [10, 30], "static": [10, 20]}, {"dynamic": [2, 4],
-                                                                               "static": [2, 2]}),
-            ch02.copy_cost([1, 2], {"dynamic": [10, 30]}),
-            ch02.cost_bars(["a", "b"], [1, 2], "rows")]
+    figs = [ch02.plot_prefill_decode(4, 3), ch02.plot_prefill_decode(30, 20),
+            ch02.plot_speedup_vs_tokens([8, 16], [2.0, 4.0], [4.5, 8.5]),
+            ch02.plot_copy_cost([1, 2], {"dynamic": [10, 30], "static": [10, 20]}, {"dynamic": [2, 4],
+                                                                                    "static": [2, 2]}),
+            ch02.plot_copy_cost([1, 2], {"dynamic": [10, 30]}),
+            ch02.plot_cost_bars(["a", "b"], [1, 2], "rows")]
     assert all(isinstance(f, matplotlib.figure.Figure) for f in figs)
     assert [t.get_text() for t in figs[-1].axes[0].texts] == ["1", "2"]
     matplotlib.pyplot.close("all")
     with pytest.raises(ValueError, match="prompt_len=0"):
-        ch02.prefill_decode(0, 3)
+        ch02.plot_prefill_decode(0, 3)
 
 
 def _decode_step(q, k, v, k_cache, v_cache):
@@ -36,32 +36,32 @@ def _decode_step(q, k, v, k_cache, v_cache):
 
 
 def test_decode_step_accepts_right_and_hints_wrong(capsys):
-    assert ch02.decode_step(_decode_step)
-    assert not ch02.decode_step(lambda q, k, v, kc, vc: (q, kc, vc))
+    assert ch02.check_decode_step(_decode_step)
+    assert not ch02.check_decode_step(lambda q, k, v, kc, vc: (q, kc, vc))
     assert "grow by one position" in capsys.readouterr().out
-    assert not ch02.decode_step(lambda q, k, v, kc, vc: _decode_step(q, v, k, kc, vc))
+    assert not ch02.check_decode_step(lambda q, k, v, kc, vc: _decode_step(q, v, k, kc, vc))
     assert "K to K" in capsys.readouterr().out
 
     def unscaled(q, k, v, kc, vc):
         kc, vc = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
         return torch.softmax(q @ kc.transpose(-2, -1), -1) @ vc, kc, vc
 
-    assert not ch02.decode_step(unscaled)
+    assert not ch02.check_decode_step(unscaled)
     assert "1/√d" in capsys.readouterr().out
-    assert not ch02.decode_step(lambda *a: 1 / 0)
+    assert not ch02.check_decode_step(lambda *a: 1 / 0)
     assert "ZeroDivisionError" in capsys.readouterr().out
-    assert not ch02.decode_step("not a function")
+    assert not ch02.check_decode_step("not a function")
 
 
 def test_a_step_that_returns_float64_is_told_so(capsys):
     def float64(*args):
         return tuple(t.double() for t in _decode_step(*args))
 
-    assert not ch02.decode_step(float64)
+    assert not ch02.check_decode_step(float64)
     assert "torch.float64" in capsys.readouterr().out
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch02.decode_step], WRONG_VALUES + WRONG_FUNCTIONS)
+test_any_wrong_answer_gets_a_hint = hint_test([ch02.check_decode_step], WRONG_VALUES + WRONG_FUNCTIONS)
 
 
 def _chunk_inputs(start, length):
@@ -69,7 +69,7 @@ def _chunk_inputs(start, length):
 
 
 def test_chunk_prefill_accepts_right_and_names_the_classic_bugs(capsys):
-    assert ch02.chunk_prefill(_chunk_inputs)
+    assert ch02.check_chunk_prefill(_chunk_inputs)
     assert "continue after the cache" in capsys.readouterr().out
     bugs = {  # what a learner gets wrong -> words the hint must contain
         lambda s, n: (torch.arange(n), causal_mask(n, s + n)): "restart at 0",
@@ -85,7 +85,7 @@ def test_chunk_prefill_accepts_right_and_names_the_classic_bugs(capsys):
                       causal_mask(n, s + n) & (torch.arange(s + n) >= s)): "every cached",
     }
     for wrong, words in bugs.items():
-        assert not ch02.chunk_prefill(wrong)
+        assert not ch02.check_chunk_prefill(wrong)
         assert words in capsys.readouterr().out
 
 
@@ -107,13 +107,15 @@ def test_chunk_prefill_agrees_with_the_model_prefilling_in_chunks():
 
 
 def test_new_figures_draw():
-    figs = [ch02.offset_mask(3, 4), ch02.offset_mask(0, 2),
-            ch02.step_time_vs_context([64, 512], {"static": [1e-3, 2e-3], "dynamic": [1e-3, 3e-3]}, [10, 80])]
+    figs = [ch02.plot_offset_mask(3, 4), ch02.plot_offset_mask(0, 2),
+            ch02.plot_step_time_vs_context([64, 512], {"static": [1e-3, 2e-3], "dynamic": [1e-3, 3e-3]},
+                                                [10, 80])]
     assert all(isinstance(f, matplotlib.figure.Figure) for f in figs)
     assert len(figs[-1].axes[0].lines) == 3
     matplotlib.pyplot.close("all")
     with pytest.raises(ValueError, match="length"):
-        ch02.offset_mask(3, 0)
+        ch02.plot_offset_mask(3, 0)
 
 
-test_any_wrong_chunk_answer_gets_a_hint = hint_test([ch02.chunk_prefill], WRONG_VALUES + WRONG_FUNCTIONS)
+test_any_wrong_chunk_answer_gets_a_hint = hint_test([ch02.check_chunk_prefill],
+                                                    WRONG_VALUES + WRONG_FUNCTIONS)

@@ -48,7 +48,7 @@ def test_frames_are_kvlab_tinys_decode_and_computed_once(frames):
 def test_a_frame_draws_the_cache_filled_to_its_step(frames):
     p = len(encode_bytes(PROMPT))
     for step in (0, 3, STEPS - 1):
-        fig = ch02.draw_decode_frame(frames, step, layer=1, head=2, side="K")
+        fig = ch02.plot_decode_frame(frames, step, layer=1, head=2, side="K")
         assert isinstance(fig, Figure)
         assert heat_rows(fig) == p + step
         bars = fig.axes[3].patches            # one attention bar per cached position
@@ -56,13 +56,13 @@ def test_a_frame_draws_the_cache_filled_to_its_step(frames):
         assert sum(b.get_width() for b in bars) == pytest.approx(1.0, abs=1e-5)
         counts = [t.get_text().strip() for t in fig.axes[4].texts][:2]
         assert counts == [f"{frames[step].naive_rows:,}", f"{frames[step].cached_rows:,}"]
-    k = ch02.draw_decode_frame(frames, 2, side="K").axes[1].images[0].get_array()
-    v = ch02.draw_decode_frame(frames, 2, side="V").axes[1].images[0].get_array()
+    k = ch02.plot_decode_frame(frames, 2, side="K").axes[1].images[0].get_array()
+    v = ch02.plot_decode_frame(frames, 2, side="V").axes[1].images[0].get_array()
     assert not np.ma.allequal(k, v)
 
 
 def test_the_text_shows_characters_and_the_newest_token(frames):
-    fig = ch02.draw_decode_frame(frames, 0)
+    fig = ch02.plot_decode_frame(frames, 0)
     chips = [t.get_text() for t in fig.axes[0].texts]
     # 缓 is 3 bytes: one chip; drawn as its bytes where matplotlib has no Chinese font
     assert chips[:4] == ["K", "V", "␣", "缓 ×3B" if explorer._cjk_font() else "⟨e7 bc 93⟩"]
@@ -71,11 +71,11 @@ def test_the_text_shows_characters_and_the_newest_token(frames):
 
 def test_bad_controls_are_refused(frames):
     with pytest.raises(ValueError, match="step=8 must be an integer"):
-        ch02.draw_decode_frame(frames, STEPS)
+        ch02.plot_decode_frame(frames, STEPS)
     with pytest.raises(ValueError, match="layer=9"):
-        ch02.draw_decode_frame(frames, 0, layer=9)
+        ch02.plot_decode_frame(frames, 0, layer=9)
     with pytest.raises(ValueError, match="side='Q' is not allowed"):
-        ch02.draw_decode_frame(frames, 0, side="Q")
+        ch02.plot_decode_frame(frames, 0, side="Q")
     with pytest.raises(ValueError, match="prompt=''"):
         ch02.decode_frames("", 4)
 
@@ -115,7 +115,7 @@ def test_without_a_chinese_font_characters_show_as_their_bytes(frames, monkeypat
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "Glyph … missing from font" would be a UserWarning
-        fig = ch02.draw_decode_frame(frames, 0)
+        fig = ch02.plot_decode_frame(frames, 0)
         fig.canvas.draw()
     chips = [t.get_text() for t in fig.axes[0].texts]
     assert chips[3:5] == ["⟨e7 bc 93⟩", "⟨e5 ad 98⟩"]  # 缓 and 存, byte by byte

@@ -18,10 +18,10 @@ from kvlab.course.ch03_cache_memory import (  # noqa: E402
     MEMORY_BATCH_SIZES,
     MEMORY_DTYPES,
     MEMORY_SEQ_LENS,
-    draw_memory,
     memory_config,
     memory_explorer,
     memory_models,
+    plot_memory,
 )
 from kvlab.memory import GB, GPUS, GiB, format_bytes, kv_bytes_per_token, kv_cache_bytes, plan  # noqa: E402
 
@@ -37,7 +37,7 @@ def lines(text):
 
 
 def test_default_readout_llama_7b_on_a100_80gb():
-    fig, text = draw_memory()
+    fig, text = plot_memory()
     assert isinstance(fig, Figure)
     gpu, p = GPUS["A100 80GB"], plan(PRESETS["llama-7b"], "A100 80GB", 4096)
     used = p.weight_bytes + p.cache_bytes
@@ -69,7 +69,7 @@ def test_controls_cover_the_issue():
                                                          (2**20, 1024, "fp32")])
 def test_readout_agrees_with_plan(model, gpu, seq_len, batch_size, dtype):
     config = PRESETS[model]
-    _, text = draw_memory(model, seq_len, batch_size, dtype, gpu)
+    _, text = plot_memory(model, seq_len, batch_size, dtype, gpu)
     p = plan(config, gpu, seq_len, batch_size, dtype=dtype, weight_dtype="fp16")
     first, second, verdict, context, users, *beyond = lines(text)
     trained = config.max_seq_len
@@ -86,14 +86,14 @@ def test_readout_agrees_with_plan(model, gpu, seq_len, batch_size, dtype):
 
 
 def test_extreme_settings_draw_and_explain():
-    fig, text = draw_memory("llama-7b", 2**20, 1024, "fp32", "T4 16GB")
+    fig, text = plot_memory("llama-7b", 2**20, 1024, "fp32", "T4 16GB")
     assert isinstance(fig, Figure)
     assert "KV cache for 1,048,576 tokens × batch 1024: 1024.00 TiB" in text
     assert "Most concurrent sequences of 1,048,576 tokens that fit: none." in text
 
 
 def test_weights_alone_do_not_fit():
-    fig, text = draw_memory("llama-3.1-405b", 4096, 1, "fp16", "T4 16GB")
+    fig, text = plot_memory("llama-3.1-405b", 4096, 1, "fp16", "T4 16GB")
     t4 = format_bytes(GPUS["T4 16GB"].memory_bytes)
     assert f"✗ The weights alone (755.96 GiB) do not fit on T4 16GB ({t4}): no room for any cache." in text
     assert "Longest context that fits at batch 1: none." in text
@@ -102,7 +102,7 @@ def test_weights_alone_do_not_fit():
 
 
 def test_the_gpu_line_and_the_current_point_are_drawn():
-    fig, _ = draw_memory("llama-2-70b", 131072, 1, "fp16", "H200 141GB")
+    fig, _ = plot_memory("llama-2-70b", 131072, 1, "fp16", "H200 141GB")
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"   # linear growth: a straight line
     gpu_lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
@@ -123,7 +123,7 @@ def test_the_gpu_line_and_the_current_point_are_drawn():
 def test_the_cache_is_a_straight_line_of_slope_one_on_the_log_log_plot():
     import numpy as np
 
-    fig, _ = draw_memory("llama-3-8b", 4096, 2, "fp16", "A100 80GB")
+    fig, _ = plot_memory("llama-3-8b", 4096, 2, "fp16", "A100 80GB")
     cache = next(ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("KV cache"))
     x, y = np.asarray(cache.get_xdata()), np.asarray(cache.get_ydata())
     slope = np.diff(np.log2(y)) / np.diff(np.log2(x))
@@ -132,13 +132,13 @@ def test_the_cache_is_a_straight_line_of_slope_one_on_the_log_log_plot():
 
 
 def test_a_model_trained_for_the_whole_range_has_no_shading_or_warning():
-    fig, text = draw_memory("custom", 2**20, 1, "fp16", "A100 80GB", 32, 8, 128)
+    fig, text = plot_memory("custom", 2**20, 1, "fp16", "A100 80GB", 32, 8, 128)
     assert "⚠" not in text
     assert not [p for p in fig.axes[0].patches if p.get_label().startswith("beyond")]
 
 
 def test_custom_shape_counts_the_cache_only():
-    fig, text = draw_memory("custom", 131072, 1, "fp16", "A100 80GB", layers=32, kv_heads=8, head_dim=128)
+    fig, text = plot_memory("custom", 131072, 1, "fp16", "A100 80GB", layers=32, kv_heads=8, head_dim=128)
     assert lines(text)[0] == "custom: 32 layers × 8 KV heads × 128 dims = 128.00 KiB per token in fp16"
     assert "16.00 GiB · weights not counted (custom shape)" in text
     # Same cache as Llama-3-8B (32 layers, 8 KV heads, 128 dims), which it matches.
@@ -153,7 +153,7 @@ def test_custom_shape_counts_the_cache_only():
     (32, None, 128, "needs layers, kv_heads and head_dim"),
 ])
 def test_invalid_custom_shape_draws_a_message(layers, kv_heads, head_dim, reason):
-    fig, text = draw_memory("custom", 4096, 1, "fp16", "T4 16GB", layers, kv_heads, head_dim)
+    fig, text = plot_memory("custom", 4096, 1, "fp16", "T4 16GB", layers, kv_heads, head_dim)
     assert text.startswith("✗ custom shape not valid:") and reason in text
     assert isinstance(fig, Figure)
 
@@ -167,12 +167,12 @@ def test_invalid_custom_shape_draws_a_message(layers, kv_heads, head_dim, reason
 ])
 def test_programming_errors_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        draw_memory(**kwargs)
+        plot_memory(**kwargs)
 
 
 def test_weights_vs_cache_bars():
     cases = [("7B @ 4K", 13 * GiB, 2 * GiB), ("7B @ 128K", 13 * GiB, 64 * GiB)]
-    fig = ch03.weights_vs_cache(cases, gpu_bytes=80 * 10**9, gpu_label="A100 80GB")
+    fig = ch03.plot_weights_vs_cache(cases, gpu_bytes=80 * 10**9, gpu_label="A100 80GB")
     ax = fig.axes[0]
     heights = sorted(round(p.get_height(), 6) for p in ax.patches)
     assert heights == [2, 13, 13, 64]
@@ -201,20 +201,20 @@ def test_widget_controls_readout_and_updates():
     def shown():
         return html.unescape(readout.value.split(">", 1)[1].rsplit("</pre>", 1)[0])
 
-    assert shown() == draw_memory()[1]
+    assert shown() == plot_memory()[1]
     controls["seq len"].value = 131072
     controls["batch"].value = 4
     controls["cache dtype"].value = "int8"
     controls["GPU"].value = "H100 80GB"
-    assert shown() == draw_memory("llama-7b", 131072, 4, "int8", "H100 80GB")[1]
+    assert shown() == plot_memory("llama-7b", 131072, 4, "int8", "H100 80GB")[1]
     controls["model"].value = "custom"
     custom_box = [w for w in widgets if controls["layers"] in getattr(w, "children", ())][0]
     assert custom_box.layout.display == "flex"
     controls["KV heads"].value = 8
-    assert shown() == draw_memory("custom", 131072, 4, "int8", "H100 80GB", 32, 8, 128)[1]
+    assert shown() == plot_memory("custom", 131072, 4, "int8", "H100 80GB", 32, 8, 128)[1]
     controls["model"].value = "qwen2.5-7b"
     assert custom_box.layout.display == "none"
-    assert shown() == draw_memory("qwen2.5-7b", 131072, 4, "int8", "H100 80GB")[1]
+    assert shown() == plot_memory("qwen2.5-7b", 131072, 4, "int8", "H100 80GB")[1]
 
 
 # --- the exercise: size the cache ----------------------------------------------------------------
@@ -222,16 +222,16 @@ def test_widget_controls_readout_and_updates():
 def test_cache_size_checker(capsys):
     expected = kv_cache_bytes(PRESETS["qwen2.5-7b"], 32768, 8) / GiB
     assert expected == 14
-    assert ch03.cache_size(14) and ch03.cache_size("14.0")
+    assert ch03.check_cache_size(14) and ch03.check_cache_size("14.0")
     assert "✓" in capsys.readouterr().out
     for wrong, hint in [(None, "answer with a number of GiB"), ("lots", "got 'lots'"),
                         (7, "K alone"), (98, "use n_kv_heads, not n_heads"),
                         (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
                         (13, "PRESETS['qwen2.5-7b']")]:
-        assert bool(ch03.cache_size(wrong)) is False
+        assert bool(ch03.check_cache_size(wrong)) is False
         assert hint in capsys.readouterr().out, wrong
-    assert ch03.cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8
+    assert ch03.check_cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch03.cache_size], WRONG_VALUES)
-test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch03.cache_size])
+test_any_wrong_answer_gets_a_hint = hint_test([ch03.check_cache_size], WRONG_VALUES)
+test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch03.check_cache_size])

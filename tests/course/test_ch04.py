@@ -14,25 +14,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def test_chapter_figures_draw():
-    fig = ch04.kv_head_sharing(8, (8, 2, 1))
+    fig = ch04.plot_kv_head_sharing(8, (8, 2, 1))
     labels = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert "MHA" in labels and "GQA" in labels and "MQA" in labels
     rows = [("Llama-2-70B", 40 * GiB, 320 * GiB, "GQA"), ("Llama-7B", 2 * GiB, 2 * GiB, "MHA")]
-    fig2 = ch04.kv_cache_bars(rows, "test")
+    fig2 = ch04.plot_kv_cache_bars(rows, "test")
     assert any("8× smaller" in t.get_text() for t in fig2.axes[0].texts)
-    fig3 = ch04.pooled_loss(["MHA (4 KV)", "GQA (2 KV)"], [1.5, 1.7], [0.1, 0.2], "MHA (4 KV)")
+    fig3 = ch04.plot_pooled_loss(["MHA (4 KV)", "GQA (2 KV)"], [1.5, 1.7], [0.1, 0.2], "MHA (4 KV)")
     assert [t.get_text() for t in fig3.axes[0].texts] == ["1.500", "1.700"]
     assert "2 standard errors" in fig3.axes[0].get_title()
     plt.close("all")
 
 
 def test_a_what_if_kv_head_count_is_drawn_beside_the_published_one():
-    fig, text = ch04.draw_gqa("llama-3-8b", n_kv_heads=2, seq_len=32768)
+    fig, text = ch04.plot_gqa("llama-3-8b", n_kv_heads=2, seq_len=32768)
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     plt.close(fig)
     assert "GQA (8 KV heads, published)" in legend and "GQA (2 KV heads)" in legend
     assert "GQA (8 KV heads, published)     4.00 GiB" in text and "what-if" in text
-    fig, text = ch04.draw_gqa("llama-3-8b", seq_len=32768)    # the published count: no extra curve
+    fig, text = ch04.plot_gqa("llama-3-8b", seq_len=32768)    # the published count: no extra curve
     plt.close(fig)
     assert "published)" not in text and "GQA (8 KV heads)" in text
 
@@ -47,7 +47,7 @@ def test_gqa_variants_are_kvlab_gqa_variants_of_the_chosen_shape():
 
 
 def test_draw_gqa_default_reads_320_and_40_gib():
-    fig, text = ch04.draw_gqa()
+    fig, text = ch04.plot_gqa()
     plt.close(fig)
     assert "320.00 GiB" in text and "40.00 GiB" in text and "8× smaller" in text
     assert "64× smaller" in text  # MQA
@@ -55,7 +55,7 @@ def test_draw_gqa_default_reads_320_and_40_gib():
 
 def test_draw_gqa_bars_say_what_the_readout_says():
     # Llama-2-70B at 4,096 tokens: MHA 10 GiB, GQA-8 1.25 GiB, MQA 160 MiB (not "0.156 GiB").
-    fig, text = ch04.draw_gqa(seq_len=4096)
+    fig, text = ch04.plot_gqa(seq_len=4096)
     bar_labels = [t.get_text().split("\n")[0] for t in fig.axes[1].texts]
     plt.close(fig)
     assert bar_labels == ["10.00 GiB", "1.25 GiB", "160.00 MiB"]
@@ -71,31 +71,31 @@ def test_draw_gqa_bars_say_what_the_readout_says():
     dict(model="smollm2-135m", n_kv_heads=3),
 ])
 def test_draw_gqa_extreme_settings_never_raise(kw):
-    fig, text = ch04.draw_gqa(**kw)
+    fig, text = ch04.plot_gqa(**kw)
     plt.close(fig)
     assert text
 
 
 def test_draw_gqa_explains_what_is_not_allowed():
-    fig, text = ch04.draw_gqa("llama-3-8b", n_kv_heads=5)
+    fig, text = ch04.plot_gqa("llama-3-8b", n_kv_heads=5)
     plt.close(fig)
     assert "n_kv_heads=5 must divide n_heads=32; allowed: [1, 2, 4, 8, 16, 32]" in text
-    fig, text = ch04.draw_gqa("custom", head_dim=7)
+    fig, text = ch04.plot_gqa("custom", head_dim=7)
     plt.close(fig)
     assert "head_dim=7 is odd" in text
 
 
 def test_draw_gqa_mla_bar_for_deepseek():
-    fig, text = ch04.draw_gqa("deepseek-v2")
+    fig, text = ch04.plot_gqa("deepseek-v2")
     plt.close(fig)
     assert "MLA" in text and "2.25 KV heads" in text and "56.9× smaller" in text
 
 
 def test_draw_gqa_refuses_programming_errors():
     with pytest.raises(ValueError, match="model='nope'"):
-        ch04.draw_gqa("nope")
+        ch04.plot_gqa("nope")
     with pytest.raises(ValueError, match="seq_len=0"):
-        ch04.draw_gqa(seq_len=0)
+        ch04.plot_gqa(seq_len=0)
 
 
 def test_gqa_explorer_builds_and_keeps_kv_heads_divisors():
@@ -108,7 +108,7 @@ def test_gqa_explorer_builds_and_keeps_kv_heads_divisors():
     controls["model"].value = "qwen2.5-7b"
     assert controls["query heads"].value == 28 and controls["KV heads"].value == 4
     readout = next(c for c in _walk(box) if "kvlab-readout" in c._dom_classes)
-    _, expected = ch04.draw_gqa("qwen2.5-7b", 4, controls["seq len"].value, 28, 28, 128)
+    _, expected = ch04.plot_gqa("qwen2.5-7b", 4, controls["seq len"].value, 28, 28, 128)
     plt.close("all")
     assert "qwen2.5-7b" in readout.value and "7× smaller" in readout.value
     assert expected.splitlines()[1].strip() in readout.value
@@ -116,13 +116,13 @@ def test_gqa_explorer_builds_and_keeps_kv_heads_divisors():
 
 def test_gqa_explorer_redraws_once_per_change(monkeypatch):
     calls = []
-    real = ch04.draw_gqa
+    real = ch04.plot_gqa
 
     def counting(**kwargs):
         calls.append(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr(ch04, "draw_gqa", counting)
+    monkeypatch.setattr(ch04, "plot_gqa", counting)
     box = ch04.gqa_explorer()
     controls = {c.description: c for c in _walk(box) if getattr(c, "description", "")}
     calls.clear()
@@ -143,21 +143,22 @@ def _walk(widget):
 # --- the exercise checker -----------------------------------------------------------------------
 
 def test_kv_heads_for_budget_checker(capsys):
-    assert ch04.kv_heads_for_budget(8)
-    assert not ch04.kv_heads_for_budget(None)
-    assert not ch04.kv_heads_for_budget(16)
+    assert ch04.check_kv_heads_for_budget(8)
+    assert not ch04.check_kv_heads_for_budget(None)
+    assert not ch04.check_kv_heads_for_budget(16)
     assert "over the 16 GiB budget" in capsys.readouterr().out
-    assert not ch04.kv_heads_for_budget(5)
+    assert not ch04.check_kv_heads_for_budget(5)
     assert "allowed: [1, 2, 4, 8, 16, 32]" in capsys.readouterr().out
-    assert not ch04.kv_heads_for_budget(4)
+    assert not ch04.check_kv_heads_for_budget(4)
 
 
 def test_kv_heads_for_budget_is_what_the_budget_allows():
     cfg = PRESETS["llama-3-8b"]
     assert kv_cache_bytes(cfg.with_(n_kv_heads=8), 32768, 4) <= 16 * GiB < kv_cache_bytes(
         cfg.with_(n_kv_heads=16), 32768, 4)
-    assert ch04.kv_heads_for_budget("8") and ch04.kv_heads_for_budget(8.0)
+    assert ch04.check_kv_heads_for_budget("8") and ch04.check_kv_heads_for_budget(8.0)
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch04.kv_heads_for_budget], WRONG_VALUES + [8.5, -8, 0, 10**20])
-test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch04.kv_heads_for_budget])
+test_any_wrong_answer_gets_a_hint = hint_test([ch04.check_kv_heads_for_budget],
+                                              WRONG_VALUES + [8.5, -8, 0, 10**20])
+test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch04.check_kv_heads_for_budget])

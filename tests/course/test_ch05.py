@@ -18,12 +18,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 def test_chapter_figures_draw():
     k = torch.ones(16)
     k[3] = 25
-    fig = ch05.channel_magnitudes(k, torch.ones(16), heads=2)
+    fig = ch05.plot_channel_magnitudes(k, torch.ones(16), heads=2)
     assert any("25.0× the median" in t.get_text() for t in fig.axes[0].texts)
-    fig2 = ch05.granularity_errors({"per token": {"K": 0.02, "V": 0.01},
-                                    "per channel": {"K": 0.005, "V": 0.01}})
+    fig2 = ch05.plot_granularity_errors({"per token": {"K": 0.02, "V": 0.01},
+                                         "per channel": {"K": 0.005, "V": 0.01}})
     assert [t.get_text() for t in fig2.axes[0].texts][:2] == ["2.00%", "0.50%"]
-    fig3 = ch05.bytes_ratio([256, 4096], {"int8": [0.6, 0.52]}, references={"q8_0": 0.53125})
+    fig3 = ch05.plot_bytes_ratio([256, 4096], {"int8": [0.6, 0.52]}, references={"q8_0": 0.53125})
     assert fig3.axes[0].get_xscale() == "log"
     plt.close("all")
 
@@ -42,7 +42,7 @@ def test_the_measurement_is_kvlab_quality_s_small_run_remembered():
                                   ("fp32", "token", 131072, "llama-3.1-405b"),
                                   ("fp16", "channel", 1, "gpt2")])
 def test_draw_quant_at_extreme_settings(args):
-    fig, text = ch05.draw_quant(*args)
+    fig, text = ch05.plot_quant(*args)
     assert fig.axes and "Measured on" in text and "greedy" in text
     if args[3] == "deepseek-v2":
         assert "MLA" in text
@@ -52,7 +52,7 @@ def test_draw_quant_at_extreme_settings(args):
 
 
 def test_draw_quant_numbers_match_kvlab():
-    fig, text = ch05.draw_quant("int8", "kivi", 4096, "llama-2-7b")
+    fig, text = ch05.plot_quant("int8", "kivi", 4096, "llama-2-7b")
     plt.close(fig)
     size = quantized_cache_bytes(PRESETS["llama-2-7b"], 4096)
     assert memory.format_bytes(size) in text
@@ -63,13 +63,13 @@ def test_draw_quant_numbers_match_kvlab():
 
 def test_draw_quant_refuses_unknown_names():
     with pytest.raises(ValueError, match="dtype='int3' is not allowed"):
-        ch05.draw_quant("int3")
+        ch05.plot_quant("int3")
     with pytest.raises(ValueError, match="scales='row' is not allowed"):
-        ch05.draw_quant("int8", "row")
+        ch05.plot_quant("int8", "row")
     with pytest.raises(ValueError, match="model='tiny' is not allowed"):
-        ch05.draw_quant("int8", "kivi", 4096, "tiny")
+        ch05.plot_quant("int8", "kivi", 4096, "tiny")
     with pytest.raises(ValueError, match="seq_len=0"):
-        ch05.draw_quant("int8", "kivi", 0)
+        ch05.plot_quant("int8", "kivi", 0)
 
 
 def test_quant_explorer_controls_and_readout():
@@ -112,9 +112,9 @@ def test_quantize_keys_exercise_checker():
         s = k.abs().amax(0, keepdim=True) / 127
         return (k / s).to(torch.int8), s
 
-    assert ch05.quantize_keys_per_channel(good)
+    assert ch05.check_quantize_keys_per_channel(good)
     for wrong in (None, 3, per_token, truncating, lambda k: 1 / 0):
-        assert not ch05.quantize_keys_per_channel(wrong)
+        assert not ch05.check_quantize_keys_per_channel(wrong)
 
 
 def test_a_function_that_returns_float64_codes_or_the_wrong_shape_gets_a_hint(capsys):
@@ -122,20 +122,20 @@ def test_a_function_that_returns_float64_codes_or_the_wrong_shape_gets_a_hint(ca
         s = k.abs().amax(0, keepdim=True) / 127
         return torch.round(k / s).double(), s
 
-    assert not ch05.quantize_keys_per_channel(float_codes)
+    assert not ch05.check_quantize_keys_per_channel(float_codes)
     assert "must be int8" in capsys.readouterr().out
-    assert not ch05.quantize_keys_per_channel(lambda k: (k.to(torch.int8), torch.ones(3, 3)))
+    assert not ch05.check_quantize_keys_per_channel(lambda k: (k.to(torch.int8), torch.ones(3, 3)))
     assert "one value per channel" in capsys.readouterr().out
 
 
 test_any_wrong_answer_gets_a_hint = hint_test(
-    [ch05.quantize_keys_per_channel], WRONG_VALUES + WRONG_FUNCTIONS)
+    [ch05.check_quantize_keys_per_channel], WRONG_VALUES + WRONG_FUNCTIONS)
 
 
 def test_perplexity_change_draws_two_standard_errors():
     import matplotlib.pyplot as plt
 
-    fig = ch05.perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, title="t")
+    fig = ch05.plot_perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, title="t")
     labels = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
     assert labels == ["+1.00e-05 ± 4.0e-05", "+2.00e-03 ± 8.0e-04"]
@@ -144,7 +144,7 @@ def test_perplexity_change_draws_two_standard_errors():
 def test_the_quality_panel_says_which_model_it_was_measured_on():
     import matplotlib.pyplot as plt
 
-    fig, _ = ch05.draw_quant("int8", "kivi", 4096, "llama-3-8b")
+    fig, _ = ch05.plot_quant("int8", "kivi", 4096, "llama-3-8b")
     title = fig.axes[1].get_title()
     plt.close(fig)
     assert "measured on kvlab-tiny" in title or "measured on a random tiny-mha model" in title

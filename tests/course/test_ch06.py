@@ -16,11 +16,11 @@ def test_chapter_figures_draw():
     rows = [{"method": m, "new_tokens": n, "tokens_per_s": t}
             for m, n, t in [("naive", 8, 50.0), ("naive", 16, 30.0), ("cached", 8, 80.0),
                             ("cached", 16, 80.0)]]
-    fig = ch06.lengths_plot(rows)
+    fig = ch06.plot_lengths(rows)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["naive", "cached"]
-    fig2 = ch06.step_time_plot([8, 16, 32], [0.002, 0.0021, 0.0023], 0.002, 1e-5)
+    fig2 = ch06.plot_step_time([8, 16, 32], [0.002, 0.0021, 0.0023], 0.002, 1e-5)
     assert any("fit: 2.00 ms" in t.get_text() for t in fig2.axes[0].get_legend().get_texts())
-    fig3 = ch06.roofline_plot({"T4": 320e9}, [{"label": "x", "bytes_per_step": 1e9, "tokens_per_s": 100},
+    fig3 = ch06.plot_roofline({"T4": 320e9}, [{"label": "x", "bytes_per_step": 1e9, "tokens_per_s": 100},
                                               {"label": "paper", "bytes_per_step": 1e10, "tokens_per_s": 20,
                                                "published": True}])
     assert fig3.axes[0].get_xscale() == "log"
@@ -28,7 +28,7 @@ def test_chapter_figures_draw():
 
 
 def test_intensity_plot_draws_the_ridge_points():
-    fig = ch06.intensity_plot(PRESETS["llama-3-8b"], ["A100 80GB", "H100 80GB"], [0, 2048], [1, 8, 64])
+    fig = ch06.plot_intensity(PRESETS["llama-3-8b"], ["A100 80GB", "H100 80GB"], [0, 2048], [1, 8, 64])
     assert len(fig.axes[0].get_lines()) == 2 + 2       # two contexts, two ridge lines
     assert fig.axes[0].get_yscale() == "log"
     plt.close("all")
@@ -45,7 +45,7 @@ def test_roofline_exercise_checker(capsys):
     assert not memory.plan(cfg, "T4 16GB", 4096, weight_dtype="fp16", reserve_fraction=0.1).fits
     assert memory.plan(cfg, "T4 16GB", 4096, weight_dtype="int8", reserve_fraction=0.1).fits
     bound = roofline.roofline(cfg, t4.bandwidth_bytes_per_s, dtype="int8").tokens_per_s
-    check = ch06.llama3_int8_t4_roofline
+    check = ch06.check_llama3_int8_t4_roofline
     assert check(bound) and check(f"{bound:.2f}")
     assert not check(None) and not check(bound * 2)
     assert not check(1 / bound)
@@ -56,5 +56,5 @@ def test_roofline_exercise_checker(capsys):
     assert "FP16 bound" in capsys.readouterr().out
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch06.llama3_int8_t4_roofline], WRONG_VALUES)
-test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch06.llama3_int8_t4_roofline])
+test_any_wrong_answer_gets_a_hint = hint_test([ch06.check_llama3_int8_t4_roofline], WRONG_VALUES)
+test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch06.check_llama3_int8_t4_roofline])

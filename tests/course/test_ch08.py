@@ -11,20 +11,20 @@ from kvlab.fragmentation import RequestMix, sample_requests, simulate
 
 # Right answers, from REFERENCE.md where it gives them (not recomputed the checkers' way).
 RIGHT = {
-    "quiz_cache_not_weights": "b",
-    "quiz_k_and_v": "c",
-    "quiz_bigger_cache": "d",
-    "quiz_bytes_per_token": 512 * 1024,          # Llama-2-7B: 512 KiB a token
-    "quiz_total_cache": 4.0,                     # Llama-3-8B: 128 KiB × 8,192 × 4 = 4 GiB
-    "quiz_rows_naive": 8_390_656,                # 4096 · 4097 / 2
-    "quiz_rows_cached": 4096,
-    "quiz_gqa_ratio": 8,                         # 64 → 8 KV heads
-    "quiz_int8_cache": 2.0,                      # 128 KiB / 2 × 32,768 = 2 GiB
-    "quiz_paging_blocks": 63,                    # ceil(1000 / 16)
-    "quiz_prefix_sharing": "b",
-    "quiz_window_cache": 0.5,                    # Mistral-7B: 128 KiB × 4,096 = 0.5 GiB
+    "check_cache_not_weights": "b",
+    "check_k_and_v": "c",
+    "check_bigger_cache": "d",
+    "check_bytes_per_token": 512 * 1024,          # Llama-2-7B: 512 KiB a token
+    "check_total_cache": 4.0,                     # Llama-3-8B: 128 KiB × 8,192 × 4 = 4 GiB
+    "check_rows_naive": 8_390_656,                # 4096 · 4097 / 2
+    "check_rows_cached": 4096,
+    "check_gqa_ratio": 8,                         # 64 → 8 KV heads
+    "check_int8_cache": 2.0,                      # 128 KiB / 2 × 32,768 = 2 GiB
+    "check_paging_blocks": 63,                    # ceil(1000 / 16)
+    "check_prefix_sharing": "b",
+    "check_window_cache": 0.5,                    # Mistral-7B: 128 KiB × 4,096 = 0.5 GiB
 }
-CHECKERS = [*RIGHT, "plan_max_batch", "plan_70b_int8", "sim_reserved_waste"]
+CHECKERS = [*RIGHT, "check_plan_max_batch", "check_plan_70b_int8", "check_sim_reserved_waste"]
 
 
 @pytest.mark.parametrize("name", list(RIGHT))
@@ -47,20 +47,20 @@ def test_wrong_answer_fails(name):
 
 
 def test_letters_are_forgiving():
-    assert ch08.quiz_cache_not_weights(" B ")
-    assert ch08.quiz_k_and_v("(c)")
+    assert ch08.check_cache_not_weights(" B ")
+    assert ch08.check_k_and_v("(c)")
 
 
 def test_numbers_may_be_strings_with_separators():
-    assert ch08.quiz_rows_naive("8,390,656")
-    assert ch08.quiz_rows_naive("8_390_656")
+    assert ch08.check_rows_naive("8,390,656")
+    assert ch08.check_rows_naive("8_390_656")
 
 
 def test_bytes_and_percentages_get_a_unit_hint(capsys):
-    assert not ch08.quiz_total_cache(4 * 1024**3)
+    assert not ch08.check_total_cache(4 * 1024**3)
     assert "GiB" in capsys.readouterr().out
     waste = _sim_waste("max")
-    assert not ch08.sim_reserved_waste(100 * waste)
+    assert not ch08.check_sim_reserved_waste(100 * waste)
     assert "percentage" in capsys.readouterr().out
 
 
@@ -73,31 +73,31 @@ def test_the_simulator_exercise_accepts_the_simulated_waste_and_names_the_usual_
     waste = _sim_waste("max")
     p, o = sample_requests(1000, RequestMix(max_len=4096), seed=0)
     assert abs(waste - ch07.reserve_max_waste(p, o, 4096)) < 0.01      # chapter 07's formula agrees
-    assert ch08.sim_reserved_waste(waste) and ch08.sim_reserved_waste(f"{waste:.3f}")
+    assert ch08.check_sim_reserved_waste(waste) and ch08.check_sim_reserved_waste(f"{waste:.3f}")
     capsys.readouterr()
-    assert not ch08.sim_reserved_waste(1 - waste)
+    assert not ch08.check_sim_reserved_waste(1 - waste)
     assert ".used" in capsys.readouterr().out
-    assert not ch08.sim_reserved_waste(_sim_waste("paged"))
+    assert not ch08.check_sim_reserved_waste(_sim_waste("paged"))
     assert "paged policy" in capsys.readouterr().out
 
 
 def test_capacity_answers_match_plan_and_require_fit():
     cfg = PRESETS["llama-3-8b"]
     n = memory.plan(cfg, "A100 80GB", 8192, 1, reserve_fraction=0.1).max_batch
-    assert ch08.plan_max_batch(n)
+    assert ch08.check_plan_max_batch(n)
     memory.require_fit(cfg, "A100 80GB", 8192, n, reserve_fraction=0.1)
     with pytest.raises(memory.DoesNotFitError):
         memory.require_fit(cfg, "A100 80GB", 8192, n + 1, reserve_fraction=0.1)
     big = PRESETS["llama-2-70b"]
     assert not memory.plan(big, "H200 141GB", 4096, 1, reserve_fraction=0.1).fits  # FP16 weights
     m = memory.plan(big, "H200 141GB", 4096, 1, weight_dtype="int8", reserve_fraction=0.1).max_batch
-    assert m > 0 and ch08.plan_70b_int8(m) and not ch08.plan_70b_int8(m + 1)
+    assert m > 0 and ch08.check_plan_70b_int8(m) and not ch08.check_plan_70b_int8(m + 1)
 
 
 def test_capacity_curve_merges_equal_gpus_and_names_those_that_cannot_hold_the_weights():
     import matplotlib.pyplot as plt
 
-    fig = ch08.capacity_curve(PRESETS["llama-3-8b"])
+    fig = ch08.plot_capacity_curve(PRESETS["llama-3-8b"])
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "T4 16GB: the weights do not fit" in labels
     named = [name for label in labels for name in label.split(":")[0].split(" = ")]
@@ -124,5 +124,5 @@ test_whatever_is_typed_every_checker_answers_with_a_verdict = verdict_test(
 
 def test_the_window_question_names_the_stream_mistake(capsys):
     whole_stream = memory.kv_cache_bytes(PRESETS["mistral-7b"], 100_000, 1, "fp16") / memory.GiB
-    assert not ch08.quiz_window_cache(whole_stream)
+    assert not ch08.check_window_cache(whole_stream)
     assert "keeps only the last 4,096" in capsys.readouterr().out

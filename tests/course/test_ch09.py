@@ -65,7 +65,7 @@ def test_budget_measurements_agree_with_kvlab_window(small):
 
 
 def test_budget_readout_and_curve(small):
-    fig, text = ch09.draw_budget("heavy hitters", 16, small)
+    fig, text = ch09.plot_budget("heavy hitters", 16, small)
     assert isinstance(fig, Figure)
     first, second, third = text.split("\n")
     assert first.startswith("heavy hitters: 16 of 80 positions kept per sequence")
@@ -77,7 +77,7 @@ def test_budget_readout_and_curve(small):
     current = [ln for ln in ax.get_lines() if ln.get_label() == "current setting"][0]
     assert current.get_xdata()[0] == 16
     assert current.get_ydata()[0] == pytest.approx(small["losses"]["heavy hitters"][0])
-    full_text = ch09.draw_budget("full", 32, small)[1]
+    full_text = ch09.plot_budget("full", 32, small)[1]
     assert full_text.startswith("full: 80 of 80 positions") and "(+0.000)" in full_text
 
 
@@ -85,7 +85,7 @@ def test_budget_readout_and_curve(small):
                                              ({"budget": 48}, "budget=48")])
 def test_budget_readout_refuses_unknown_settings(small, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        ch09.draw_budget(**{"policy": "window", "budget": 16, **kwargs}, measurements=small)
+        ch09.plot_budget(**{"policy": "window", "budget": 16, **kwargs}, measurements=small)
 
 
 def test_cache_budget_explorer_redraws_on_a_control_change(small, monkeypatch):
@@ -96,15 +96,15 @@ def test_cache_budget_explorer_redraws_on_a_control_change(small, monkeypatch):
     assert set(controls) == {"policy", "budget"}
     readout = [w for w in walk(box) if "kvlab-readout" in w._dom_classes][0]
     controls["budget"].value = 16
-    assert shown(readout) == ch09.draw_budget("sinks + window", 16, small)[1]
+    assert shown(readout) == ch09.plot_budget("sinks + window", 16, small)[1]
     controls["policy"].value = "heavy hitters"
-    assert shown(readout) == ch09.draw_budget("heavy hitters", 16, small)[1]
+    assert shown(readout) == ch09.plot_budget("heavy hitters", 16, small)[1]
 
 
 # --- prefix sharing -------------------------------------------------------------------------------
 
 def test_sharing_readout_agrees_with_kvlab_prefix():
-    fig, text = ch09.draw_sharing(users=8, prefix_len=1000, suffix_len=64)
+    fig, text = ch09.plot_sharing(users=8, prefix_len=1000, suffix_len=64)
     s = prefix.sharing(8, 1000, 64, 16, PRESETS["llama-3-8b"])
     blocks, memory, work = text.split("\n")
     assert blocks == f"blocks: {s.blocks_alone:,} without sharing, {s.blocks_shared:,} with " \
@@ -118,7 +118,7 @@ def test_sharing_readout_agrees_with_kvlab_prefix():
 
 def test_one_user_or_no_prefix_shares_nothing():
     for users, prefix_len in ((1, 1024), (16, 0)):
-        text = ch09.draw_sharing(users, prefix_len, 64)[1]
+        text = ch09.plot_sharing(users, prefix_len, 64)[1]
         assert "(0% fewer)" in text and "prefill: 0 of" in text
 
 
@@ -127,23 +127,23 @@ def test_prefix_sharing_explorer_redraws_on_a_control_change():
     controls = {w.description: w for w in walk(box) if getattr(w, "description", "")}
     assert set(controls) == {"users", "shared prefix", "own suffix"}
     readout = [w for w in walk(box) if "kvlab-readout" in w._dom_classes][0]
-    assert shown(readout) == ch09.draw_sharing()[1]
+    assert shown(readout) == ch09.plot_sharing()[1]
     controls["users"].value = 128
     controls["shared prefix"].value = 4096
-    assert shown(readout) == ch09.draw_sharing(128, 4096, 64)[1]
+    assert shown(readout) == ch09.plot_sharing(128, 4096, 64)[1]
 
 
 # --- the other figures ----------------------------------------------------------------------------
 
 def test_figures_draw_what_they_are_given():
     maps = [torch.full((1, 2, 8, 8), 1 / 8).tril() for _ in range(2)]
-    fig = ch09.first_positions_attention(maps, first=4, skip=4)
+    fig = ch09.plot_first_positions_attention(maps, first=4, skip=4)
     assert len([ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("layer")]) == 2
-    fig = ch09.loss_along_stream({"window (8 positions)": [1.0] * 40}, window=8, trained=30)
+    fig = ch09.plot_loss_along_stream({"window (8 positions)": [1.0] * 40}, window=8, trained=30)
     assert fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(1.0)
-    fig = ch09.hit_rate_plot([1, 2], {"a": [0.1, 0.5]}, best=0.9)
+    fig = ch09.plot_hit_rate([1, 2], {"a": [0.1, 0.5]}, best=0.9)
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [10, 50]
-    fig = ch09.offload_plot([1, 2], {"x": [1e-3, 2e-3]}, "t")
+    fig = ch09.plot_offload([1, 2], {"x": [1e-3, 2e-3]}, "t")
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [1, 2]
 
 
@@ -153,27 +153,27 @@ def test_shared_prefix_blocks_checker(capsys):
     ex = ch09.SHARED_BLOCKS_EXERCISE
     right = prefix.sharing(ex["users"], ex["prefix_len"], ex["suffix_len"], ex["block_size"]).blocks_shared
     assert right == 62 + 20 * 13
-    assert ch09.shared_prefix_blocks(right) and ch09.shared_prefix_blocks(f"{right:,}")
+    assert ch09.check_shared_prefix_blocks(right) and ch09.check_shared_prefix_blocks(f"{right:,}")
     assert "✓" in capsys.readouterr().out
     for wrong, hint in [(20 * 75, "without sharing"), (63 + 20 * 12, "only partly full"),
                         (63 + 20 * 13, "private copy"), (right + 2, "only the prefix's full blocks"),
                         ("many", "whole number")]:
-        assert not ch09.shared_prefix_blocks(wrong)
+        assert not ch09.check_shared_prefix_blocks(wrong)
         assert hint in capsys.readouterr().out, wrong
-    assert ch09.shared_prefix_blocks(2 + 3 * 1, users=3, prefix_len=32, suffix_len=16)
+    assert ch09.check_shared_prefix_blocks(2 + 3 * 1, users=3, prefix_len=32, suffix_len=16)
 
 
 def test_window_cache_checker(capsys):
     expected = kv_cache_bytes(PRESETS["mistral-7b"], 4096, 8) / GiB
     assert expected == 4
-    assert ch09.window_cache_gib(4) and ch09.window_cache_gib("4.0")
+    assert ch09.check_window_cache_gib(4) and ch09.check_window_cache_gib("4.0")
     for wrong, hint in [(32, "full 32,768-token context"), (4 * GiB, "looks like bytes"),
                         (2, "the window, not the stream")]:
-        assert not ch09.window_cache_gib(wrong)
+        assert not ch09.check_window_cache_gib(wrong)
         assert hint in capsys.readouterr().out, wrong
 
 
-test_any_wrong_answer_gets_a_hint = hint_test([ch09.shared_prefix_blocks, ch09.window_cache_gib],
+test_any_wrong_answer_gets_a_hint = hint_test([ch09.check_shared_prefix_blocks, ch09.check_window_cache_gib],
                                               WRONG_VALUES)
 test_whatever_is_typed_the_checkers_answer_with_a_verdict = verdict_test(
-    [ch09.shared_prefix_blocks, ch09.window_cache_gib])
+    [ch09.check_shared_prefix_blocks, ch09.check_window_cache_gib])

@@ -20,9 +20,9 @@ def _number(text: str) -> int:
 def sharing_readout(settings: dict) -> str:
     import matplotlib.pyplot as plt
 
-    from kvlab.course.ch09_reuse_and_evict import draw_sharing
+    from kvlab.course.ch09_reuse_and_evict import plot_sharing
 
-    fig, text = draw_sharing(_number(settings["users"]), _number(settings["shared prefix"]),
+    fig, text = plot_sharing(_number(settings["users"]), _number(settings["shared prefix"]),
                              _number(settings["own suffix"]))
     plt.close(fig)
     return text
@@ -32,10 +32,10 @@ def budget_readout(settings: dict) -> str:
     import matplotlib.pyplot as plt
     import torch
 
-    from kvlab.course.ch09_reuse_and_evict import draw_budget
+    from kvlab.course.ch09_reuse_and_evict import plot_budget
 
     torch.set_num_threads(1)  # as the notebook's kernel (kvlab.env.setup): the same float sums
-    fig, text = draw_budget(settings["policy"], _number(settings["budget"]))
+    fig, text = plot_budget(settings["policy"], _number(settings["budget"]))
     plt.close(fig)
     return text
 

@@ -43,24 +43,24 @@ def _draw_text(result) -> str:
 
 
 def _memory(s: dict) -> str:
-    from kvlab.course.ch03_cache_memory import draw_memory
+    from kvlab.course.ch03_cache_memory import plot_memory
 
     custom = s["model"] == "custom"
     shape = (s["layers"], s["KV heads"], s["head dim"]) if custom else (None, None, None)
-    return _draw_text(draw_memory(s["model"], s["seq len"], s["batch"], s["cache dtype"], s["GPU"], *shape))
+    return _draw_text(plot_memory(s["model"], s["seq len"], s["batch"], s["cache dtype"], s["GPU"], *shape))
 
 
 def _gqa(s: dict) -> str:
-    from kvlab.course.ch04_mha_gqa_mqa import draw_gqa
+    from kvlab.course.ch04_mha_gqa_mqa import plot_gqa
 
-    return _draw_text(draw_gqa(s["model"], s["KV heads"], s["seq len"], s["query heads"], s["layers"],
+    return _draw_text(plot_gqa(s["model"], s["KV heads"], s["seq len"], s["query heads"], s["layers"],
                                s["head dim"]))
 
 
 def _quant(s: dict) -> str:
-    from kvlab.course.ch05_int8_kv_cache import draw_quant
+    from kvlab.course.ch05_int8_kv_cache import plot_quant
 
-    return _draw_text(draw_quant(s["cache dtype"], s["scales"], s["seq len"], s["model"]))
+    return _draw_text(plot_quant(s["cache dtype"], s["scales"], s["seq len"], s["model"]))
 
 
 # explorer name -> readout for the typed settings {control description: value}

@@ -1,13 +1,15 @@
 """Every chapter presented as slides, the way an instructor shows it: JupyterLab RISE in Chromium at 1280×800.
 
-For each chapter, open `/rise/<notebook>` (stored outputs, no cell is run), walk every slide and sub-slide
-through reveal.js's own API, and measure each slide's content (the section's scrollHeight) against the
-slide height: reveal's computed slide height (720 px here: RISE sizes slides to the window), at most
-reveal's 700-px design height. A slide taller than that shows content nobody in the room sees. The test
-fails listing every such slide (with its cells' heights), on a chapter that presents as fewer than two
-slides, and when the notebook's speaker-notes cells do not reach the slides' speaker view.
+For each chapter, open its deck (the notebook with the instructor guide's speaker notes, as `make slides`
+writes it into slides/) at `/rise/slides/<notebook>` (stored outputs, no cell is run), walk every slide
+and sub-slide through reveal.js's own API, and measure each slide's content (the section's scrollHeight)
+against the slide height: reveal's computed slide height (720 px here: RISE sizes slides to the window),
+at most reveal's 700-px design height. A slide taller than that shows content nobody in the room sees.
+The test fails listing every such slide (with its cells' heights), on a chapter that presents as fewer
+than two slides, and when the deck has no speaker notes or its notes cells do not reach the slides'
+speaker view.
 
-Chapter 03 is also presented live: after "Run All" in JupyterLab (how the instructor guide says to
+Chapter 03's deck is also presented live: after "Run All" in JupyterLab (how the instructor guide says to
 prepare), its memory explorer's cell is re-run from the slide view with Shift+Enter. The explorer must
 then render as a widget, answer a slider drag with a new plot, and still fit its slide. (That needs the
 `lab` extra's jupyterlab_widgets 3.0.10: jupyterlab_rise 0.43 cannot load newer widget managers,
@@ -21,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from needs import load_tool
 from uihelpers import NOTEBOOKS, cells, error_report, open_notebook, run_all
 
 pytestmark = pytest.mark.ui
@@ -32,6 +35,7 @@ CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")) if NOTEBOOKS.is_dir() el
 CHAPTER_PARAMS = [pytest.param(p, id=p.stem) for p in CHAPTERS] or [pytest.param(
     None, id="none", marks=pytest.mark.skip(reason=f"no chapter notebook in {NOTEBOOKS}"))]
 LIVE_CHAPTER = "03_cache_memory.ipynb"
+DECKS = "slides"  # where `make slides` writes the decks, here inside the test server's root
 
 # RISE does not expose reveal.js as a global: find its module among the page's loaded webpack modules
 # (the object with reveal's API), and keep it as window.__kvlabReveal.
@@ -113,7 +117,15 @@ def _shut_down_kernels(url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def slide_page(browser, lab_server):
+def decks(lab_server) -> Path:
+    """The decks of every chapter, written by tools/slides.py into the server's root."""
+    out = lab_server.root / DECKS
+    load_tool("slides").write_decks(CHAPTERS, out, log=lambda _msg: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def slide_page(browser, lab_server, decks):
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
     yield page
@@ -129,8 +141,8 @@ def overflowing(name: str, report: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("path", CHAPTER_PARAMS)
-def test_every_slide_fits_the_screen(path: Path, slide_page, lab_server):
-    open_slides(slide_page, lab_server.url, path.name)
+def test_every_slide_fits_the_screen(path: Path, slide_page, lab_server, decks):
+    open_slides(slide_page, lab_server.url, f"{DECKS}/{path.name}")
     try:
         report = measure(slide_page)
     finally:
@@ -141,30 +153,31 @@ def test_every_slide_fits_the_screen(path: Path, slide_page, lab_server):
     assert report["total"] >= 2, f"{path.name} presents as {report['total']} slide(s): no slide structure"
     assert report["total"] == len(report["slides"])
     notes_cells = sum("speaker-notes" in c.get("metadata", {}).get("tags", [])
-                      for c in json.loads(path.read_text(encoding="utf-8"))["cells"])
-    assert report["notes"] == notes_cells, (f"{notes_cells} speaker-notes cells in {path.name}, but "
-                                            f"{report['notes']} reach the slides' speaker view")
+                      for c in json.loads((decks / path.name).read_text(encoding="utf-8"))["cells"])
+    assert notes_cells, f"the deck of {path.name} has no speaker notes"
+    assert report["notes"] == notes_cells, (f"{notes_cells} speaker-notes cells in the deck of {path.name}, "
+                                            f"but {report['notes']} reach the slides' speaker view")
     too_tall = overflowing(path.name, report)
     assert not too_tall, "slides taller than the screen:\n" + "\n".join(too_tall)
 
 
 @pytest.fixture(scope="module")
-def live_slides(browser, lab_server):
-    """Chapter 03 prepared as the instructor guide says (Run All in JupyterLab), then opened as slides
-    in the same browser: the slide view shares the notebook's kernel."""
-    path = NOTEBOOKS / LIVE_CHAPTER
+def live_slides(browser, lab_server, decks):
+    """Chapter 03's deck prepared as the instructor guide says (Run All in JupyterLab), then opened as
+    slides in the same browser: the slide view shares the notebook's kernel."""
+    path = decks / LIVE_CHAPTER
     if not path.is_file():
         pytest.fail(f"{path} is missing: the live slide tests use chapter 03")
     context = browser.new_context(viewport=VIEWPORT)
     try:
         lab = context.new_page()
-        open_notebook(lab, f"{lab_server.url}/lab/tree/{LIVE_CHAPTER}")
+        open_notebook(lab, f"{lab_server.url}/lab/tree/{DECKS}/{LIVE_CHAPTER}")
         run_all(lab)
         problems = error_report(cells(lab))
         if problems:
             pytest.fail(f"Run All of {LIVE_CHAPTER} failed before presenting:\n" + "\n".join(problems))
         page = context.new_page()
-        open_slides(page, lab_server.url, LIVE_CHAPTER)
+        open_slides(page, lab_server.url, f"{DECKS}/{LIVE_CHAPTER}")
         yield page
     finally:
         context.close()
