@@ -32,7 +32,7 @@ def copies(tmp_path_factory):
 
 
 def test_the_review_has_solutions_to_strip():
-    review = nbformat.read(ROOT / "notebooks" / "08_review.ipynb", as_version=4)
+    review = nbformat.read(ROOT / "notebooks" / "11_review.ipynb", as_version=4)
     assert sum(map(_is_solution, review.cells)) >= 10
 
 
@@ -68,7 +68,7 @@ def test_every_exercise_checker_call_remains(path, copies):
 
 
 def test_student_review_runs_top_to_bottom_and_answers_nothing(copies):
-    path = copies[ROOT / "notebooks" / "08_review.ipynb"]
+    path = copies[ROOT / "notebooks" / "11_review.ipynb"]
     nb = nbformat.read(path, as_version=4)
     run_in = {"metadata": {"path": str(path.parent)}}
     ExecutePreprocessor(timeout=300, kernel_name="python3").preprocess(nb, run_in)

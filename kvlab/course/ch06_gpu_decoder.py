@@ -94,7 +94,7 @@ def plot_intensity(config, gpu_names: list[str], contexts: list[int], batches: l
 
 
 # ---- exercise: the roofline of Llama-3-8B with INT8 weights on a T4 -------------------------------
-# In FP16 its 16 GB of weights do not fit a T4 (chapter 08's planner refuses it); in INT8 they do.
+# In FP16 its 16 GB of weights do not fit a T4 (chapter 11's planner refuses it); in INT8 they do.
 
 
 ROOFLINE_EXERCISE = {"model": "llama-3-8b", "gpu": "T4 16GB", "dtype": "int8"}

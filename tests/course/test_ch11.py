@@ -1,4 +1,4 @@
-"""Chapter 08: the quiz checkers (right answers pass; wrong ones, None and anything else a learner types
+"""Chapter 11: the quiz checkers (right answers pass; wrong ones, None and anything else a learner types
 print a hint, none raises), the capacity curve, and the notebook asking every question once."""
 
 import pytest
@@ -6,7 +6,7 @@ from answers import WRONG_VALUES, verdict_test
 
 from kvlab import PRESETS, memory
 from kvlab.course import ch07_serving_many_users as ch07
-from kvlab.course import ch08_review as ch08
+from kvlab.course import ch11_review as ch11
 from kvlab.fragmentation import RequestMix, sample_requests, simulate
 
 # Right answers, from REFERENCE.md where it gives them (not recomputed the checkers' way).
@@ -29,38 +29,38 @@ CHECKERS = [*RIGHT, "check_plan_max_batch", "check_plan_70b_int8", "check_sim_re
 
 @pytest.mark.parametrize("name", list(RIGHT))
 def test_right_answer_passes(name, capsys):
-    assert bool(getattr(ch08, name)(RIGHT[name])) is True
+    assert bool(getattr(ch11, name)(RIGHT[name])) is True
     assert capsys.readouterr().out.startswith("✓")
 
 
 @pytest.mark.parametrize("name", CHECKERS)
 @pytest.mark.parametrize("answer", [None, "", "e", [1, 2], object(), True] + WRONG_VALUES, ids=repr)
 def test_unanswered_or_wrong_type_prints_hint_and_never_raises(name, answer, capsys):
-    assert bool(getattr(ch08, name)(answer)) is False
+    assert bool(getattr(ch11, name)(answer)) is False
     assert capsys.readouterr().out.startswith("✗ Not yet. Hint:")
 
 
 @pytest.mark.parametrize("name", CHECKERS)
 def test_wrong_answer_fails(name):
-    wrong = "a" if name in ch08.QUIZ_CHOICES else 12345.678
-    assert bool(getattr(ch08, name)(wrong)) is False
+    wrong = "a" if name in ch11.QUIZ_CHOICES else 12345.678
+    assert bool(getattr(ch11, name)(wrong)) is False
 
 
 def test_letters_are_forgiving():
-    assert ch08.check_cache_not_weights(" B ")
-    assert ch08.check_k_and_v("(c)")
+    assert ch11.check_cache_not_weights(" B ")
+    assert ch11.check_k_and_v("(c)")
 
 
 def test_numbers_may_be_strings_with_separators():
-    assert ch08.check_rows_naive("8,390,656")
-    assert ch08.check_rows_naive("8_390_656")
+    assert ch11.check_rows_naive("8,390,656")
+    assert ch11.check_rows_naive("8_390_656")
 
 
 def test_bytes_and_percentages_get_a_unit_hint(capsys):
-    assert not ch08.check_total_cache(4 * 1024**3)
+    assert not ch11.check_total_cache(4 * 1024**3)
     assert "GiB" in capsys.readouterr().out
     waste = _sim_waste("max")
-    assert not ch08.check_sim_reserved_waste(100 * waste)
+    assert not ch11.check_sim_reserved_waste(100 * waste)
     assert "percentage" in capsys.readouterr().out
 
 
@@ -73,31 +73,31 @@ def test_the_simulator_exercise_accepts_the_simulated_waste_and_names_the_usual_
     waste = _sim_waste("max")
     p, o = sample_requests(1000, RequestMix(max_len=4096), seed=0)
     assert abs(waste - ch07.reserve_max_waste(p, o, 4096)) < 0.01      # chapter 07's formula agrees
-    assert ch08.check_sim_reserved_waste(waste) and ch08.check_sim_reserved_waste(f"{waste:.3f}")
+    assert ch11.check_sim_reserved_waste(waste) and ch11.check_sim_reserved_waste(f"{waste:.3f}")
     capsys.readouterr()
-    assert not ch08.check_sim_reserved_waste(1 - waste)
+    assert not ch11.check_sim_reserved_waste(1 - waste)
     assert ".used" in capsys.readouterr().out
-    assert not ch08.check_sim_reserved_waste(_sim_waste("paged"))
+    assert not ch11.check_sim_reserved_waste(_sim_waste("paged"))
     assert "paged policy" in capsys.readouterr().out
 
 
 def test_capacity_answers_match_plan_and_require_fit():
     cfg = PRESETS["llama-3-8b"]
     n = memory.plan(cfg, "A100 80GB", 8192, 1, reserve_fraction=0.1).max_batch
-    assert ch08.check_plan_max_batch(n)
+    assert ch11.check_plan_max_batch(n)
     memory.require_fit(cfg, "A100 80GB", 8192, n, reserve_fraction=0.1)
     with pytest.raises(memory.DoesNotFitError):
         memory.require_fit(cfg, "A100 80GB", 8192, n + 1, reserve_fraction=0.1)
     big = PRESETS["llama-2-70b"]
     assert not memory.plan(big, "H200 141GB", 4096, 1, reserve_fraction=0.1).fits  # FP16 weights
     m = memory.plan(big, "H200 141GB", 4096, 1, weight_dtype="int8", reserve_fraction=0.1).max_batch
-    assert m > 0 and ch08.check_plan_70b_int8(m) and not ch08.check_plan_70b_int8(m + 1)
+    assert m > 0 and ch11.check_plan_70b_int8(m) and not ch11.check_plan_70b_int8(m + 1)
 
 
 def test_capacity_curve_merges_equal_gpus_and_names_those_that_cannot_hold_the_weights():
     import matplotlib.pyplot as plt
 
-    fig = ch08.plot_capacity_curve(PRESETS["llama-3-8b"])
+    fig = ch11.plot_capacity_curve(PRESETS["llama-3-8b"])
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "T4 16GB: the weights do not fit" in labels
     named = [name for label in labels for name in label.split(":")[0].split(" = ")]
@@ -112,17 +112,17 @@ def test_the_review_notebook_asks_every_quiz_question_once():
 
     import nbformat
 
-    nb = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "08_review.ipynb", as_version=4)
+    nb = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "11_review.ipynb", as_version=4)
     asked = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("answer = None")]
     for name in CHECKERS:
-        assert sum(f"ch08.{name}(answer)" in s for s in asked) == 1, name
+        assert sum(f"ch11.{name}(answer)" in s for s in asked) == 1, name
 
 
 test_whatever_is_typed_every_checker_answers_with_a_verdict = verdict_test(
-    [getattr(ch08, n) for n in CHECKERS], 30)
+    [getattr(ch11, n) for n in CHECKERS], 30)
 
 
 def test_the_window_question_names_the_stream_mistake(capsys):
     whole_stream = memory.kv_cache_bytes(PRESETS["mistral-7b"], 100_000, 1, "fp16") / memory.GiB
-    assert not ch08.check_window_cache(whole_stream)
+    assert not ch11.check_window_cache(whole_stream)
     assert "keeps only the last 4,096" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Chapter 08, Review: the quiz over the misconceptions and formulas, the capacity curve and the
+"""Chapter 11, Review: the quiz over the misconceptions and formulas, the capacity curve and the
 capacity-planning exercises. Numeric answers are computed with kvlab.memory, so the quiz and the course
 always agree."""
 
