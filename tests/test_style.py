@@ -22,7 +22,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 IDS = [p.name for p in NOTEBOOKS]
 COURSE = sorted((ROOT / "kvlab" / "course").glob("ch[0-9][0-9]_*.py"))
 SETUP_LINE = "device = kvlab.env.setup()  # the GPU if there is one; else the CPU, with one thread"
-NO_CLOSING_TRY_IT = {"00", "08"}  # the welcome and the review: their exercises sit in their sections
+NO_CLOSING_TRY_IT = {"00", "11"}  # the welcome and the review: their exercises sit in their sections
 NUMBERED = re.compile(r"## (\d+) · \S")
 CLOSING = [("Summary", re.compile(r"## Summary$")),
            ("Common misconceptions", re.compile(r"## Common misconceptions( \(\S[^)]*\))?$"))]
