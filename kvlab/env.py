@@ -49,10 +49,11 @@ def setup(threads: int | None = None) -> torch.device:
 
 def available_memory(dev=None) -> int | None:
     """Bytes that can still be allocated on `dev` (default: the CPU): the GPU's free memory, or the
-    system's available memory (Linux /proc/meminfo); None where it cannot be told."""
+    system's available memory (Linux /proc/meminfo); None where it cannot be told (the meta
+    device). A device this machine does not have is refused (`kvlab.validate.device`)."""
     dev = validate.device("dev", dev) or torch.device("cpu")
-    if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0] if torch.cuda.is_available() else None
+    if dev.type == "cuda":  # validate.device refused it if CUDA is not available
+        return torch.cuda.mem_get_info(dev)[0]
     if dev.type == "meta":
         return None
     try:
