@@ -1629,26 +1629,54 @@ def numpy_scalar_cases():
     L7 = lambda: api("kvlab.config:PRESETS")["llama-7b"]  # noqa: E731
     sharing, flops = api_lazy("kvlab.prefix:sharing"), api_lazy("kvlab.roofline:decode_step_flops")
     roof = api_lazy("kvlab.roofline:roofline")
-    case("numpy", "sharing(users=np.uint8(200))", lambda: sharing()(u8, 32, 8),
-         Answer(lambda r: r == sharing()(200, 32, 8)))
-    case("numpy", "offload_seconds(n_tokens=np.uint8(200))",
-         lambda: api("kvlab.offload:offload_seconds")("llama-7b", u8, 32e9),
-         Answer(lambda r: r == 524288 * 200 / 32e9))
-    case("numpy", "decode_step_flops(context=np.uint8(200), batch_size=np.uint8(200))",
-         lambda: flops()(L7(), u8, u8), Answer(lambda r: r == flops()(L7(), 200, 200)))
-    case("numpy", "roofline(batch_size=np.uint8(200))", lambda: roof()(L7(), 2e12, 16, u8),
-         Answer(lambda r: r == roof()(L7(), 2e12, 16, 200)))
-    case("numpy", "kv_cache_bytes(seq_len=np.uint8(200), batch_size=np.uint8(200))",
-         lambda: api("kvlab.memory:kv_cache_bytes")("llama-7b", u8, u8),
-         Answer(lambda r: r == 524288 * 200 * 200))
-    case("numpy", "prefix.sample_stream(prefix_len=np.uint8(200))",
-         lambda: api("kvlab.prefix:sample_stream")(2, prefix_len=u8, suffix_len=np.uint8(100)),
-         Answer(lambda r: [len(x) for x in r] == [300, 300]))
-    case("numpy", "blocks_needed(np.uint8(200), np.uint8(16))",
-         lambda: api("blocks_needed")(u8, np.uint8(16)), Answer(lambda r: r == 13))
-    case("numpy", "StaticKVCache(batch_size=np.uint8(2), max_seq_len=np.uint8(200))",
-         lambda: api("StaticKVCache")(cfg(), np.uint8(2), u8),
-         Answer(lambda c: c.k.shape == (2, 2, 2, 200, 16)))
+    case(
+        "numpy",
+        "sharing(users=np.uint8(200))",
+        lambda: sharing()(u8, 32, 8),
+        Answer(lambda r: r == sharing()(200, 32, 8)),
+    )
+    case(
+        "numpy",
+        "offload_seconds(n_tokens=np.uint8(200))",
+        lambda: api("kvlab.offload:offload_seconds")("llama-7b", u8, 32e9),
+        Answer(lambda r: r == 524288 * 200 / 32e9),
+    )
+    case(
+        "numpy",
+        "decode_step_flops(context=np.uint8(200), batch_size=np.uint8(200))",
+        lambda: flops()(L7(), u8, u8),
+        Answer(lambda r: r == flops()(L7(), 200, 200)),
+    )
+    case(
+        "numpy",
+        "roofline(batch_size=np.uint8(200))",
+        lambda: roof()(L7(), 2e12, 16, u8),
+        Answer(lambda r: r == roof()(L7(), 2e12, 16, 200)),
+    )
+    case(
+        "numpy",
+        "kv_cache_bytes(seq_len=np.uint8(200), batch_size=np.uint8(200))",
+        lambda: api("kvlab.memory:kv_cache_bytes")("llama-7b", u8, u8),
+        Answer(lambda r: r == 524288 * 200 * 200),
+    )
+    case(
+        "numpy",
+        "prefix.sample_stream(prefix_len=np.uint8(200))",
+        lambda: api("kvlab.prefix:sample_stream")(2, prefix_len=u8, suffix_len=np.uint8(100)),
+        Answer(lambda r: [len(x) for x in r] == [300, 300]),
+    )
+    case(
+        "numpy",
+        "blocks_needed(np.uint8(200), np.uint8(16))",
+        lambda: api("blocks_needed")(u8, np.uint8(16)),
+        Answer(lambda r: r == 13),
+    )
+    case(
+        "numpy",
+        "StaticKVCache(batch_size=np.uint8(2), max_seq_len=np.uint8(200))",
+        lambda: api("StaticKVCache")(cfg(), np.uint8(2), u8),
+        Answer(lambda c: c.k.shape == (2, 2, 2, 200, 16)),
+    )
 
 
 def all_cases() -> list[Case]:
