@@ -11,9 +11,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import validate
+
 
 def causal_mask(q_len: int, k_len: int, device=None) -> torch.Tensor:
     """(q_len, k_len) bool mask: the last q_len of k_len positions each see themselves and earlier."""
+    q_len = validate.integer("q_len", q_len, low=0)
+    k_len = validate.integer("k_len", k_len, low=0)
     if q_len > k_len:
         raise ValueError(f"q_len={q_len} must be <= k_len={k_len}")
     offset = k_len - q_len
@@ -26,12 +30,14 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, H_kv, S, D) -> (B, H_kv * n_rep, S, D): each KV head serves n_rep query heads (GQA)."""
     if n_rep == 1:
         return x
+    n_rep = validate.integer("n_rep", n_rep)
     b, h_kv, s, d = x.shape
     return x[:, :, None].expand(b, h_kv, n_rep, s, d).reshape(b, h_kv * n_rep, s, d)
 
 
 def naive_attention(q, k, v, mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ / √d) V written out step by step, for teaching."""
+    _check_shapes(q, k, v)
     k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
     if mask is not None:
@@ -42,6 +48,19 @@ def naive_attention(q, k, v, mask: torch.Tensor | None = None) -> torch.Tensor:
 
 def attention(q, k, v, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The same maths through PyTorch's fused `scaled_dot_product_attention`."""
+    _check_shapes(q, k, v)
     n_rep = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
                                           attn_mask=mask)
+
+
+def _check_shapes(q, k, v) -> None:
+    """Refuse q, k, v that cannot be attended (a few integer comparisons: cheap next to attention)."""
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise ValueError(f"q, k, v must be (batch, heads, tokens, head_dim); got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0] \
+            or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q {tuple(q.shape)} cannot attend over k {tuple(k.shape)}, v {tuple(v.shape)}: "
+                         "k and v must match, share q's batch and head_dim, and have a number of heads "
+                         "that divides q's")

@@ -55,8 +55,11 @@ class ModelConfig:
             raise ValueError(
                 f"head_dim={self.head_dim} is odd; RoPE rotates pairs of channels, so it must be even"
             )
-        validate.number("rope_theta", self.rope_theta, low=0, low_inclusive=False)
-        validate.number("norm_eps", self.norm_eps, low=0, low_inclusive=False)
+        for key in ("rope_theta", "norm_eps"):
+            object.__setattr__(self, key, validate.number(key, getattr(self, key), low=0,
+                                                          low_inclusive=False))
+        for key in ("tie_embeddings", "qkv_bias"):  # "no" or 2 would silently mean True
+            object.__setattr__(self, key, validate.boolean(key, getattr(self, key)))
         for key in ("n_params", "kv_latent_dim"):
             if getattr(self, key) is not None:
                 validate.integer(key, getattr(self, key))

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from .validate import integer
+from . import validate
 
 
 def device() -> torch.device:
@@ -43,16 +43,17 @@ def setup(threads: int | None = None) -> torch.device:
     if threads is None and dev.type == "cpu":
         threads = DEFAULT_CPU_THREADS
     if threads is not None:
-        torch.set_num_threads(integer("threads", threads))
+        torch.set_num_threads(validate.integer("threads", threads))
     return dev
 
 
 def available_memory(dev=None) -> int | None:
     """Bytes that can still be allocated on `dev` (default: the CPU): the GPU's free memory, or the
-    system's available memory (Linux /proc/meminfo); None where it cannot be told."""
-    dev = torch.device("cpu" if dev is None else dev)
-    if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0] if torch.cuda.is_available() else None
+    system's available memory (Linux /proc/meminfo); None where it cannot be told (the meta
+    device). A device this machine does not have is refused (`kvlab.validate.device`)."""
+    dev = validate.device("dev", dev) or torch.device("cpu")
+    if dev.type == "cuda":  # validate.device refused it if CUDA is not available
+        return torch.cuda.mem_get_info(dev)[0]
     if dev.type == "meta":
         return None
     try:

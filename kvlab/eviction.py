@@ -22,25 +22,14 @@ from .attention import attention, repeat_kv
 from .cache import HeavyHitterKVCache, KVCache, SlidingWindowKVCache
 from .config import ModelConfig
 from .model import attend_with
-from .sampling import as_batch
-
-
-def _ids(model, input_ids) -> torch.Tensor:
-    """input_ids as a checked (B, T) long tensor on the model's device (text, floats and ragged
-    rows are refused, as generate refuses them)."""
-    ids = as_batch(input_ids, next(model.parameters()).device)
-    vocab = model.config.vocab_size
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"token ids must lie in 0..{vocab - 1}; got min {lo}, max {hi}")
-    return ids
+from .sampling import token_ids
 
 
 def token_losses(model, input_ids, cache: KVCache | None = None) -> torch.Tensor:
     """Next-token cross-entropy (nats) at every position of input_ids (B, T): (B, T - 1).
     Without a cache the whole sequence goes through the model in one pass (full attention); with one,
     too (a bounded cache that must evict between tokens is fed as its `max_chunk` says)."""
-    ids = _ids(model, input_ids)
+    ids = token_ids(model, input_ids)
     with torch.inference_mode():
         logits = model(ids, cache=cache)
     logits = logits[:, :-1].float()
@@ -52,7 +41,7 @@ def token_losses(model, input_ids, cache: KVCache | None = None) -> torch.Tensor
 def attention_maps(model, input_ids) -> list[torch.Tensor]:
     """Attention weights of every layer for input_ids (B, T) with full causal attention:
     one (B, H, T, T) tensor a layer (row: query, column: key), recorded at the attention seam."""
-    ids = _ids(model, input_ids)
+    ids = token_ids(model, input_ids)
     maps: list[torch.Tensor] = []
 
     def record(layer, q, k, v, mask):
@@ -80,13 +69,13 @@ def bounded_cache(policy: str, config: ModelConfig, batch_size: int, budget: int
                   dtype=torch.float32, device="cpu") -> KVCache | None:
     """The cache of `policy` holding `budget` positions (None for "full": no cache, full attention)."""
     validate.choice("policy", policy, POLICIES)
-    validate.integer("budget", budget, low=2)
+    budget = validate.integer("budget", budget, low=2)
     if policy == "full":
         return None
     if policy == "window":
         return SlidingWindowKVCache(config, batch_size, budget, 0, dtype, device, positions="cache")
     if policy == "sinks + window":
-        validate.integer("sinks", sinks, low=1, high=budget - 1)
+        sinks = validate.integer("sinks", sinks, low=1, high=budget - 1)
         return SlidingWindowKVCache(config, batch_size, budget - sinks, sinks, dtype, device,
                                     positions="cache")
     return HeavyHitterKVCache(config, batch_size, budget, recent=budget // 2, dtype=dtype, device=device)
@@ -96,8 +85,12 @@ def loss_vs_budget(model, input_ids, budgets, policies=POLICIES, sinks: int = 4)
     """Next-token loss (nats) at each position of input_ids (B, T), averaged over the batch, for each
     policy and budget: {policy: [tensor (T - 1,) for each budget]} ("full" is computed once and
     repeated). `.mean()` of one gives the loss over the whole stream."""
+    ids = token_ids(model, input_ids)
     param = next(model.parameters())
-    ids = _ids(model, input_ids)
+    budgets, policies = _listed("budgets", budgets), _listed("policies", policies)
+    budgets = [validate.integer("budget", b, low=2) for b in budgets]
+    for policy in policies:  # all checked before the first (slow) pass
+        validate.choice("policy", policy, POLICIES)
     out: dict[str, list] = {}
     for policy in policies:
         if policy == "full":
@@ -107,3 +100,13 @@ def loss_vs_budget(model, input_ids, budgets, policies=POLICIES, sinks: int = 4)
             policy, model.config, ids.shape[0], b, sinks, param.dtype, param.device)).mean(0)
             for b in budgets]
     return out
+
+
+def _listed(name: str, values) -> list:
+    """values as a list, refusing one number or one name where a list of them is asked for."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name}={values!r:.60} must be a list, e.g. {name}={EXAMPLES[name]}")
+    return list(values)
+
+
+EXAMPLES = {"budgets": "[16, 64]", "policies": "['full', 'window']"}

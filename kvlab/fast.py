@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from .cache.base import allocate
 from .env import cpp_compiler
 from .model import Transformer
-from .sampling import as_batch, check_generate_args, check_sampling, decode_loop, make_generator
+from .sampling import as_batch, check_generate_args, check_model, check_sampling, decode_loop, make_generator
 from .validate import choice, integer
 
 MODES = ("eager", "graph", "compile")
@@ -56,7 +56,7 @@ class FastDecoder(nn.Module):
 
     def __init__(self, model: Transformer, batch_size: int, max_seq_len: int):
         super().__init__()
-        cfg = model.config
+        cfg = check_model(model).config
         batch_size = integer("batch_size", batch_size, 1)
         max_seq_len = integer("max_seq_len", max_seq_len, 1)
         if max_seq_len > cfg.max_seq_len:
@@ -277,7 +277,7 @@ def fast_generate(model: Transformer, input_ids, max_new_tokens: int, *, mode: s
     (or a benchmark) does; their batch size must match. A decoder needs no reset between calls.
     """
     choice("mode", mode, MODES)
-    device = next(model.parameters()).device
+    device = next(check_model(model).parameters()).device
     ids = as_batch(input_ids, device)
     max_new_tokens = check_generate_args(model.config, ids, max_new_tokens, eos_token_id)
     temperature, top_k, seed = check_sampling(temperature, top_k, seed)
@@ -285,6 +285,12 @@ def fast_generate(model: Transformer, input_ids, max_new_tokens: int, *, mode: s
     total = prompt_len + max_new_tokens
     if decoder is None:
         decoder = FastDecoder(model, batch, total)
+    if not isinstance(decoder, FastDecoder) or decoder.model is not model:
+        raise ValueError(f"decoder={decoder!r:.60} must be a FastDecoder of this model "
+                         "(FastDecoder(model, batch_size, max_seq_len)), or None")
+    if step_fn is not None and not callable(step_fn):
+        raise ValueError(f"step_fn={step_fn!r:.60} must be the function make_step(decoder, mode) "
+                         "returned, or None")
     if decoder.batch_size != batch or decoder.max_seq_len < total:
         raise ValueError(f"decoder holds batch {decoder.batch_size} x {decoder.max_seq_len} positions; "
                          f"this call needs batch {batch} x {total}")

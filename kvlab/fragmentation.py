@@ -29,7 +29,7 @@ def paged_waste(seq_lens, block_size: int) -> float:
     return float((held - lens.sum()) / held)
 
 
-MAX_TOKENS = 2**40  # a bound on any length, far above any context, far below int64 overflow
+MAX_TOKENS = validate.MAX_TOKENS  # a bound on any length, far above any context, far below int64 overflow
 
 
 def token_counts(name: str, values) -> np.ndarray:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from . import validate
 from .cache import CACHE_KINDS, KVCache, make_cache
-from .sampling import as_batch, check_generate_args, check_sampling, decode_loop, make_generator
+from .sampling import as_batch, check_generate_args, check_model, check_sampling, decode_loop, make_generator
 
 
 @dataclass
@@ -78,7 +79,7 @@ def generate(model, input_ids, max_new_tokens: int, cache: str | KVCache | None 
     that a CUDA graph can replay is `kvlab.fast.fast_generate` (the same maths, fewer operations).
     On a GPU the steps are timed with CUDA events, read once at the end (no wait between steps).
     """
-    cfg = model.config
+    cfg = check_model(model).config
     param = next(model.parameters())
     ids = as_batch(input_ids, param.device)
     max_new_tokens = check_generate_args(cfg, ids, max_new_tokens, eos_token_id)
@@ -86,12 +87,13 @@ def generate(model, input_ids, max_new_tokens: int, cache: str | KVCache | None 
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
     mask = _full_mask(attention_mask, ids, total)
+    if on_token is not None and not callable(on_token):
+        raise ValueError(f"on_token={on_token!r} must be a function (step, new_ids) -> None, or None")
+    count_flops = validate.boolean("count_flops", count_flops)
     if isinstance(cache, str):
         cache = make_cache(cache, cfg, batch, total, dtype=param.dtype, device=param.device)
     elif cache is not None:
         _check_cache_object(cache, cfg, batch, total, param)
-    if on_token is not None and not callable(on_token):
-        raise ValueError(f"on_token={on_token!r} must be a function (step, new_ids) -> None, or None")
     out = Generation(tokens=ids, prompt_len=prompt_len)
     timer = _StepTimer(param.device)
     forward = _recorded(_model_forward(model, cache, mask), out.steps, count_flops, timer)
@@ -165,7 +167,11 @@ def _full_mask(attention_mask, ids: torch.Tensor, total: int) -> torch.Tensor | 
     a mask of the wrong shape or values, right padding, and rows that are all padding."""
     if attention_mask is None:
         return None
-    mask = torch.as_tensor(attention_mask, device=ids.device)
+    try:
+        mask = torch.as_tensor(attention_mask, device=ids.device)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"attention_mask={attention_mask!r:.60} is not a list or tensor of 0s and "
+                         "1s") from None
     if mask.dim() == 1:  # one sequence, like a 1-D prompt
         mask = mask[None]
     if mask.shape != ids.shape:

@@ -16,22 +16,25 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig, divisors
+from . import validate
+from .config import ModelConfig, divisors, resolve
 from .memory import kv_elements_per_token
 from .model import Transformer
+from .sampling import check_model
 
 
 def kv_head_of(query_head: int, n_heads: int, n_kv_heads: int) -> int:
     """The KV head that query head `query_head` reads (same layout as `repeat_kv`)."""
-    _check_divides(n_kv_heads, n_heads)
-    if not 0 <= query_head < n_heads:
-        raise ValueError(f"query_head={query_head} out of range 0..{n_heads - 1}")
+    n_heads = validate.integer("n_heads", n_heads)
+    n_kv_heads = _check_divides(n_kv_heads, n_heads)
+    query_head = validate.integer("query_head", query_head, low=0, high=n_heads - 1)
     return query_head // (n_heads // n_kv_heads)
 
 
 def kv_groups(n_heads: int, n_kv_heads: int) -> list[list[int]]:
     """For each KV head, the query heads it serves: kv_groups(8, 2) = [[0, 1, 2, 3], [4, 5, 6, 7]]."""
-    _check_divides(n_kv_heads, n_heads)
+    n_heads = validate.integer("n_heads", n_heads)
+    n_kv_heads = _check_divides(n_kv_heads, n_heads)
     n_rep = n_heads // n_kv_heads
     return [list(range(g * n_rep, (g + 1) * n_rep)) for g in range(n_kv_heads)]
 
@@ -44,6 +47,7 @@ def variants(config: ModelConfig) -> dict[str, ModelConfig]:
     "MLA (576-element latent)". The MHA/GQA/MQA entries drop an MLA model's latent; a model with one
     query head has one entry, its MHA being its MQA.
     """
+    config = resolve(config)
     plain = config.with_(kv_latent_dim=None)
     h, kv = config.n_heads, config.n_kv_heads
     out = {f"MHA ({h} KV head{'s' * (h > 1)})": plain.with_(n_kv_heads=h)}
@@ -62,12 +66,14 @@ def gqa_equivalent_kv_heads(config: ModelConfig) -> float:
     For an MLA model (DeepSeek-V2: 576-element latent, head_dim 128) this is 576 / (2 × 128) = 2.25:
     its cache is that of GQA with 2.25 groups.
     """
+    config = resolve(config)
     per_layer = kv_elements_per_token(config) / config.n_layers
     return per_layer / (2 * config.head_dim)
 
 
 def mha_ratio(config: ModelConfig) -> float:
     """How many times smaller the cache is than MHA at the same shape (MHA → 1, Llama-2-70B → 8)."""
+    config = resolve(config)
     mha = config.with_(n_kv_heads=config.n_heads, kv_latent_dim=None)
     return kv_elements_per_token(mha) / kv_elements_per_token(config)
 
@@ -82,7 +88,7 @@ def pool_kv_heads(weight: torch.Tensor, n_kv_heads: int, head_dim: int) -> torch
     if rows % head_dim:
         raise ValueError(f"{rows} rows is not a whole number of heads of head_dim={head_dim}")
     n_old = rows // head_dim
-    _check_divides(n_kv_heads, n_old, what="the heads in weight")
+    n_kv_heads = _check_divides(n_kv_heads, n_old, what="the heads in weight")
     grouped = weight.reshape(n_kv_heads, n_old // n_kv_heads, head_dim, *weight.shape[1:])
     return grouped.mean(dim=1).reshape(n_kv_heads * head_dim, *weight.shape[1:])
 
@@ -103,8 +109,8 @@ def mha_to_gqa(model: Transformer, n_kv_heads: int) -> Transformer:
     Every other weight is copied unchanged. n_kv_heads must divide the model's current number of KV
     heads (for an MHA model: n_heads); n_kv_heads equal to it returns an exact copy.
     """
-    cfg = model.config
-    _check_divides(n_kv_heads, cfg.n_heads)
+    cfg = check_model(model).config
+    n_kv_heads = _check_divides(n_kv_heads, cfg.n_heads)
     _check_divides(n_kv_heads, cfg.n_kv_heads, what="the model's n_kv_heads")
     return _rebuild(model, cfg.with_(n_kv_heads=n_kv_heads),
                     lambda w: pool_kv_heads(w, n_kv_heads, cfg.head_dim))
@@ -120,10 +126,10 @@ def uptrain(model: Transformer, steps: int, text: str, lr: float = 3e-4, batch_s
     models uptrained with the same seed see the same bytes.
     """
 
-    from . import validate
     from .generate import encode_bytes
     from .train import batches, train_step
 
+    check_model(model)
     steps = validate.integer("steps", steps, low=0)
     lr = validate.number("lr", lr, low=0)
     batch_size = validate.integer("batch_size", batch_size)
@@ -146,7 +152,7 @@ def gqa_to_mha(model: Transformer) -> Transformer:
 
     Exact: the MHA model computes the same attention, just storing each KV head n_rep times.
     """
-    cfg = model.config
+    cfg = check_model(model).config
     return _rebuild(model, cfg.with_(n_kv_heads=cfg.n_heads),
                     lambda w: repeat_kv_heads(w, cfg.n_rep, cfg.head_dim))
 
@@ -168,9 +174,13 @@ def _rebuild(model: Transformer, new_cfg: ModelConfig, convert) -> Transformer:
     return new.train(model.training)
 
 
-def _check_divides(n_kv_heads, n: int, what: str = "n_heads") -> None:
-    """Refuse a KV-head count that is not a positive divisor of n, listing the allowed ones."""
-    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1:
-        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive integer; allowed: {divisors(n)}")
+def _check_divides(n_kv_heads, n: int, what: str = "n_heads") -> int:
+    """n_kv_heads as an int when it is a positive divisor of n; refused otherwise, listing the
+    allowed ones."""
+    try:
+        n_kv_heads = validate.integer("n_kv_heads", n_kv_heads)
+    except ValueError as err:
+        raise ValueError(f"{err}; allowed: {divisors(n)}") from None
     if n % n_kv_heads:
         raise ValueError(f"n_kv_heads={n_kv_heads} must divide {what}={n}; allowed: {divisors(n)}")
+    return n_kv_heads

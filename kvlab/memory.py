@@ -6,6 +6,7 @@ An MLA model (config.kv_latent_dim) caches one latent per token per layer instea
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from . import validate
@@ -151,9 +152,11 @@ def plan(config: ModelConfig | str, gpu_name: str | GPU, seq_len: int, batch_siz
     the CUDA context (`context_bytes`) and reserve_fraction of the memory, kept for activations
     and workspace (vLLM, for instance, uses 90 % of memory by default), is left for the cache."""
     config, g = resolve(config), gpu(gpu_name)
-    seq_len = validate.integer("seq_len", seq_len)  # at least one token: a plan for nothing is no plan
-    if isinstance(reserve_fraction, bool) or not 0 <= reserve_fraction < 1:  # NaN fails too
-        raise ValueError(f"reserve_fraction={reserve_fraction!r} must be in [0, 1)")
+    # At least one token (a plan for nothing is no plan), at most validate.MAX_TOKENS (GiB stay floats).
+    seq_len = validate.integer("seq_len", seq_len, high=validate.MAX_TOKENS)
+    batch_size = validate.integer("batch_size", batch_size, high=validate.MAX_TOKENS)
+    reserve_fraction = validate.number("reserve_fraction", reserve_fraction, low=0, high=1,
+                                       high_inclusive=False)
     context_bytes = validate.integer("context_bytes", context_bytes, low=0)
     w = weight_bytes(config, weight_dtype)
     reserve = int(g.memory_bytes * reserve_fraction)
@@ -198,8 +201,8 @@ def format_bytes(n: int | float) -> str:
     Memory sizes in the course are binary, and so is GPU memory: an "80GB" A100 shows 81,920 MiB in
     nvidia-smi (80 GiB), of which CUDA reports about 79.2 GiB.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or n != n:
-        raise ValueError(f"n={n!r} must be a number of bytes")
+    validate.number("n", n)  # a finite number of bytes (numpy scalars too), within a float's range
+    n = int(n) if isinstance(n, numbers.Integral) else float(n)
     sign, n = ("-" if n < 0 else ""), abs(n)
     for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if n >= size:

@@ -230,6 +230,9 @@ class Transformer(nn.Module):
                                             input_ids.device)
         if cache is None:
             return self._forward(input_ids, None, attention_mask)
+        if not callable(getattr(cache, "check_compatible", None)):  # a kind name, a number, ...
+            raise ValueError(f"cache={cache!r:.60} is not a kvlab cache: build one (e.g. "
+                             "kvlab.cache.make_cache('static', model.config, batch, max_len)) or pass None")
         cache.check_compatible(self.config, b, self.embed.weight.dtype, input_ids.device)
         if cache.renumbers_positions and attention_mask is not None:
             raise ValueError(f"{type(cache).__name__} numbers positions by their place in the cache, "

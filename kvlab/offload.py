@@ -21,12 +21,13 @@ LINKS: dict[str, float] = {
 
 def offload_seconds(config: ModelConfig, n_tokens: int, bandwidth: float, dtype: str = "fp16") -> float:
     """Time to bring the K/V of n_tokens back from host memory over a link of `bandwidth` bytes/s."""
-    validate.integer("n_tokens", n_tokens, low=0)
-    validate.number("bandwidth", bandwidth, low=0, low_inclusive=False)
+    n_tokens = validate.integer("n_tokens", n_tokens, low=0, high=validate.MAX_TOKENS)
+    bandwidth = validate.number("bandwidth", bandwidth, low=0, low_inclusive=False)
     return kv_bytes_per_token(config, dtype) * n_tokens / bandwidth
 
 
 def recompute_seconds(config: ModelConfig, n_tokens: int, flops_per_s: float) -> float:
     """Time to compute the K/V of n_tokens again (a prefill of them) at flops_per_s."""
-    validate.number("flops_per_s", flops_per_s, low=0, low_inclusive=False)
+    n_tokens = validate.integer("n_tokens", n_tokens, low=0, high=validate.MAX_TOKENS)
+    flops_per_s = validate.number("flops_per_s", flops_per_s, low=0, low_inclusive=False)
     return prefill_flops(config, n_tokens) / flops_per_s

@@ -30,6 +30,7 @@ from . import validate
 from .attention import attention
 from .cache.base import KVCache
 from .model import attend_with
+from .sampling import check_model, token_ids
 
 WHAT = ("length", "keys", "values", "logits")
 
@@ -85,6 +86,7 @@ class Oracle:
     findings accumulate in `report`."""
 
     def __init__(self, model, cache: KVCache, *, atol: float = 1e-5, rtol: float = 1e-4):
+        check_model(model)
         if not isinstance(cache, KVCache):
             raise ValueError(f"cache={cache!r:.60} is not a kvlab cache (a kvlab.cache.KVCache)")
         if cache.renumbers_positions:
@@ -106,8 +108,7 @@ class Oracle:
     def feed(self, ids, attention_mask=None) -> torch.Tensor:
         """Feed ids (B, T) through the model with the cache, compare with a recomputation, and
         return the cache-driven logits (B, T, vocab). attention_mask (B, T): 1 token, 0 padding."""
-        ids = torch.as_tensor(ids, device=self.tokens.device)
-        ids = ids[None] if ids.dim() == 1 else ids
+        ids = token_ids(self.model, ids)
         self._check_length()
         keep = self._extend_keep(ids, attention_mask)
         passes: list[list[tuple]] = [[] for _ in range(self.model.config.n_layers)]
@@ -160,7 +161,7 @@ class Oracle:
         if attention_mask is None and self.keep is None:
             return None
         new = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
-               else torch.as_tensor(attention_mask, device=ids.device).bool().reshape(ids.shape))
+               else _mask_like(attention_mask, ids))
         old = (self.keep if self.keep is not None
                else torch.ones(ids.shape[0], self.tokens.shape[1], dtype=torch.bool, device=ids.device))
         return torch.cat([old, new], dim=1)
@@ -276,14 +277,28 @@ def check(model, cache: KVCache, ids, prompt_len: int | None = None, attention_m
     """Feed ids (B, T) through `model` with `cache` as a decode would (the first prompt_len tokens
     at once, default all but 4, then one a step, teacher-forced) and compare every pass with a
     recomputation. Returns the Report (`print(report)` says where the first difference is)."""
-    ids = torch.as_tensor(ids)
-    ids = ids[None] if ids.dim() == 1 else ids
+    ids = token_ids(model, ids)
     total = ids.shape[1]
     prompt_len = max(1, total - 4) if prompt_len is None else validate.integer(
         "prompt_len", prompt_len, low=1, high=total)
     oracle = Oracle(model, cache, atol=atol, rtol=rtol)
-    mask = None if attention_mask is None else torch.as_tensor(attention_mask).reshape(ids.shape)
+    mask = None if attention_mask is None else _mask_like(attention_mask, ids)  # (B, T) bool
     oracle.feed(ids[:, :prompt_len], None if mask is None else mask[:, :prompt_len])
     for i in range(prompt_len, total):
         oracle.feed(ids[:, i:i + 1], None if mask is None else mask[:, i:i + 1])
     return oracle.report
+
+
+def _mask_like(attention_mask, ids: torch.Tensor) -> torch.Tensor:
+    """attention_mask as a bool tensor of the shape of ids, when it holds only 0s and 1s."""
+    try:
+        mask = torch.as_tensor(attention_mask, device=ids.device)
+    except (TypeError, ValueError, RuntimeError):
+        mask = None
+    if mask is None or mask.numel() != ids.numel():
+        shape = "not a tensor" if mask is None else f"shape {tuple(mask.shape)}"
+        raise ValueError(f"attention_mask has {shape}; expected one 0 or 1 per token, shape "
+                         f"{tuple(ids.shape)}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding)")
+    return mask.reshape(ids.shape).bool()

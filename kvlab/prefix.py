@@ -20,10 +20,10 @@ import torch
 from . import validate
 from .cache.paged import blocks_needed
 from .cache.prefix import PrefixBlockManager, PrefixKVStore, Sequence, SharedPagedKVCache, token_list
-from .config import ModelConfig
+from .config import ModelConfig, resolve
 from .memory import kv_bytes_per_token
 from .roofline import forward_flops
-from .sampling import as_batch, check_generate_args
+from .sampling import as_batch, check_generate_args, check_model
 
 
 @dataclass
@@ -44,11 +44,15 @@ def run_request(model, store: PrefixKVStore, prompt, max_new_tokens: int, reuse:
     prefill only the tokens after it, decode max_new_tokens, then index the request's full blocks
     for later requests. The request's blocks are released unless `keep` (then call
     `result.cache.release()` when done)."""
-    device = next(model.parameters()).device
+    device = next(check_model(model).parameters()).device
+    if not isinstance(store, PrefixKVStore):
+        raise ValueError(f"store={store!r:.60} is not a PrefixKVStore; build one with "
+                         "kvlab.cache.PrefixKVStore(model.config, num_blocks, block_size)")
     prompt = token_list("prompt", prompt)
+    keep = validate.boolean("keep", keep)
     # Checked before the store hands out any block: a refused prompt takes nothing from the pool.
     check_generate_args(model.config, as_batch([prompt], device), max_new_tokens)
-    cache = store.cache_for(prompt, reuse)
+    cache = store.cache_for(prompt, validate.boolean("reuse", reuse))
     try:
         start = cache.seq_len
         feed = torch.tensor([prompt[start:]], device=device)
@@ -89,10 +93,10 @@ def sharing(users: int, prefix_len: int, suffix_len: int, block_size: int = 16,
     """Without sharing every user holds ceil((prefix + suffix) / block_size) blocks. With it, the
     prefix's full blocks are held once; each user still has its own blocks from the first block
     that is not a full prefix block on. Bytes use `config`'s K/V bytes per token (0 without)."""
-    validate.integer("users", users)
-    validate.integer("prefix_len", prefix_len, low=0)
-    validate.integer("suffix_len", suffix_len)
-    validate.integer("block_size", block_size)
+    users = validate.integer("users", users)
+    prefix_len = validate.integer("prefix_len", prefix_len, low=0)
+    suffix_len = validate.integer("suffix_len", suffix_len)
+    block_size = validate.integer("block_size", block_size)
     total = blocks_needed(prefix_len + suffix_len, block_size)
     shared_full = prefix_len // block_size
     alone = users * total
@@ -103,13 +107,13 @@ def sharing(users: int, prefix_len: int, suffix_len: int, block_size: int = 16,
     return Sharing(alone, shared, alone * per_block, shared * per_block, tokens_alone, tokens_shared)
 
 
-def prefill_flops(config: ModelConfig, n_tokens: int) -> int:
+def prefill_flops(config: ModelConfig | str, n_tokens: int) -> int:
     """FLOPs to compute the K/V of n_tokens (a prefill of them): 2 per weight (a multiply and an
     add) of every layer's matrices per token, as `kvlab.roofline.forward_flops` counts them, without
     the LM head (K and V do not need the logits) and without the embedding (a lookup). Attention's own
     score and weighted-sum work, which grows with the context, is left out (about 1 % of the total
     for a 512-token prefix of Llama-3-8B)."""
-    n_tokens = validate.integer("n_tokens", n_tokens, low=0)
+    config, n_tokens = resolve(config), validate.integer("n_tokens", n_tokens, low=0)
     if n_tokens == 0:
         return 0
     lm_head = 2 * config.d_model * config.vocab_size * n_tokens
@@ -123,12 +127,13 @@ def sample_stream(n_requests: int, n_prefixes: int = 8, prefix_len: int = 512, s
     """Token lists: each request picks one of n_prefixes shared prefixes (system prompts) with a
     Zipf-like popularity (prefix i chosen with weight 1 / (i + 1)**skew) and adds a suffix of
     random tokens of its own. An assumption of this course, not a measured workload."""
-    validate.integer("n_requests", n_requests)
-    validate.integer("n_prefixes", n_prefixes)
-    validate.integer("prefix_len", prefix_len, low=0)
-    validate.integer("suffix_len", suffix_len)
+    n_requests = validate.integer("n_requests", n_requests)
+    n_prefixes = validate.integer("n_prefixes", n_prefixes)
+    prefix_len = validate.integer("prefix_len", prefix_len, low=0)
+    suffix_len = validate.integer("suffix_len", suffix_len)
     skew = validate.number("skew", skew, low=0)
-    rng = np.random.default_rng(seed)
+    vocab = validate.integer("vocab", vocab)
+    rng = np.random.default_rng(None if seed is None else validate.integer("seed", seed, low=0))
     prefixes = rng.integers(0, vocab, size=(n_prefixes, prefix_len)).tolist()
     weights = 1 / np.arange(1, n_prefixes + 1) ** skew
     picks = rng.choice(n_prefixes, size=n_requests, p=weights / weights.sum())
@@ -149,12 +154,9 @@ def simulate_stream(requests, num_blocks: int, block_size: int = 16, output_len:
     PrefixBlockManager of num_blocks blocks: each looks up its longest cached prefix, takes
     blocks for the rest, generates output_len tokens (new tokens, never shared), indexes its full
     blocks and ends. Only block bookkeeping: no K/V is computed."""
-    validate.integer("concurrent", concurrent)
-    validate.integer("output_len", output_len, low=0)
-    if isinstance(requests, (str, bytes)) or not all(isinstance(r, (list, tuple, torch.Tensor, np.ndarray))
-                                                    for r in requests):
-        raise ValueError(f"requests={requests!r:.60} must be a list of requests, each a list of token "
-                         "ids (sample_stream makes one)")
+    concurrent = validate.integer("concurrent", concurrent)
+    output_len = validate.integer("output_len", output_len, low=0)
+    requests = _request_list(requests)
     m = PrefixBlockManager(num_blocks, block_size)
     running: list[Sequence] = []
     fresh = 1 << 40  # generated tokens: ids no prompt uses
@@ -170,3 +172,15 @@ def simulate_stream(requests, num_blocks: int, block_size: int = 16, output_len:
         running.append(seq)
     prompt = m.queried_tokens
     return StreamResult(m.hit_rate, prompt - m.hit_tokens, prompt, m.evictions)
+
+
+def _request_list(requests) -> list:
+    """requests as a list of token lists; one list of ids (a single request), text or a number is
+    refused: each request must be a list of ids of its own."""
+    rows = (list, tuple, torch.Tensor, np.ndarray)
+    listed = None if isinstance(requests, (str, bytes)) or not hasattr(requests, "__iter__") \
+        else list(requests)
+    if listed is None or not all(isinstance(r, rows) for r in listed):
+        raise ValueError(f"requests={requests!r:.60} must be a list of requests, each a list of token "
+                         "ids (sample_stream makes one)")
+    return listed

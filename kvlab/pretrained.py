@@ -163,6 +163,7 @@ def load(name: str = "kvlab-tiny", device="cpu", dtype: torch.dtype | str = torc
     dtype). Stored in fp16; `directory` defaults to the package's data folder."""
     _check_name(name)
     dtype = _torch_dtype(dtype)
+    device = validate.device("device", device)
     folder = Path(directory or DATA_DIR)
     cfg = config(name, folder)
     path = folder / f"{name}.safetensors"

@@ -18,9 +18,12 @@ is `kvlab.cache.QuantizedKVCache`; what quantization costs in model quality is m
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+from . import validate
 
 GRANULARITIES = ("tensor", "token", "channel")
 BITS = (8, 4)
@@ -28,8 +31,7 @@ BITS = (8, 4)
 
 def qmax(bits: int = 8) -> int:
     """Largest code of a symmetric signed `bits`-bit integer: 127 for int8, 7 for int4."""
-    check_bits(bits)
-    return 2 ** (bits - 1) - 1
+    return 2 ** (check_bits(bits) - 1) - 1
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Quantized:
 
 def absmax_scale(x: torch.Tensor, granularity: str = "tensor", bits: int = 8) -> torch.Tensor:
     """max|x| / qmax over each group of `granularity`, with dims kept so it broadcasts against x."""
+    validate.tensor("x", x, floating=True, non_empty=True)
     _check_granularity(granularity, x)
     a = x.detach().abs().float()
     if granularity == "tensor":
@@ -74,8 +77,8 @@ def quantize(x: torch.Tensor, granularity: str = "tensor", bits: int = 8,
     range (max|x| < 6.1e-5 · qmax). A scale beyond the dtype's range (fp16: max|x| > 65504 · qmax,
     about 8.3e6 for int8) cannot be stored: refused, asking for scale_dtype=torch.float32.
     """
-    if not x.is_floating_point():
-        raise ValueError(f"x must be a floating-point tensor; got dtype {x.dtype}")
+    validate.tensor("x", x, floating=True, non_empty=True)
+    bits = check_bits(bits)
     scale = stored_scale(absmax_scale(x, granularity, bits), scale_dtype or x.dtype)
     s = scale.float()
     # A group of zeros has scale 0: divide by 1 instead (its codes are 0 either way).
@@ -110,7 +113,8 @@ def stored_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Codes × scales, as `dtype`."""
+    """Codes × scales, as `dtype` (a float dtype: an integer one would truncate the values)."""
+    validate.float_dtype("dtype", dtype, "hold dequantized values")
     return (q.data.float() * q.scale.float()).to(dtype)
 
 
@@ -122,6 +126,7 @@ def fake_quantize(x: torch.Tensor, granularity: str = "tensor", bits: int = 8,
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """Two int4 codes (in [-8, 7]) a byte, along the last dim (which must be even)."""
+    validate.tensor("codes", codes)
     if codes.dtype != torch.int8 or codes.shape[-1] % 2:
         raise ValueError(f"pack_int4 needs int8 codes with an even last dim; got {codes.dtype}, "
                          f"shape {tuple(codes.shape)}")
@@ -132,20 +137,35 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of pack_int4 (arithmetic shifts restore the sign)."""
+    validate.tensor("packed", packed)
+    if packed.dtype != torch.int8:
+        raise ValueError(f"packed must be int8 (two int4 codes a byte, from pack_int4); got {packed.dtype}")
     low, high = (packed << 4) >> 4, packed >> 4
     return torch.stack([low, high], dim=-1).flatten(-2)
 
 
 # --- error metrics: `x` is the original, `y` its reconstruction ---------------------------------
 
+def _pair(x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and y as float32 when both are non-empty tensors of one shape: broadcasting (3, 1) against
+    (3,) would compare every value with every other and report an error where there is none."""
+    validate.tensor("x", x, non_empty=True)
+    validate.tensor("y", y, non_empty=True)
+    if x.shape != y.shape:
+        raise ValueError(f"x has shape {tuple(x.shape)} but y {tuple(y.shape)}: compare a tensor with "
+                         "its reconstruction, of the same shape")
+    return x.float(), y.float()
+
+
 def max_abs_error(x: torch.Tensor, y: torch.Tensor) -> float:
     """Largest |x - y| over all elements."""
+    x, y = _pair(x, y)
     return (x.float() - y.float()).abs().max().item()
 
 
 def relative_rms_error(x: torch.Tensor, y: torch.Tensor) -> float:
     """‖x - y‖ / ‖x‖ (root-mean-square error relative to the signal); 0 is perfect."""
-    x, y = x.float(), y.float()
+    x, y = _pair(x, y)
     err, norm = (x - y).norm().item(), x.norm().item()
     if norm == 0:
         return 0.0 if err == 0 else float("inf")
@@ -154,14 +174,15 @@ def relative_rms_error(x: torch.Tensor, y: torch.Tensor) -> float:
 
 def snr_db(x: torch.Tensor, y: torch.Tensor) -> float:
     """Signal-to-noise ratio 10·log10(‖x‖² / ‖x - y‖²) in decibels; higher is better (inf: exact)."""
-    x, y = x.float(), y.float()
+    x, y = _pair(x, y)
     noise = (x - y).pow(2).sum().item()
     return float("inf") if noise == 0 else 10 * torch.log10(x.pow(2).sum() / noise).item()
 
 
 def cosine_similarity(x: torch.Tensor, y: torch.Tensor) -> float:
     """Cosine of the angle between x and y flattened; 1 is the same direction."""
-    return torch.nn.functional.cosine_similarity(x.float().flatten(), y.float().flatten(), dim=0).item()
+    x, y = _pair(x, y)
+    return torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0).item()
 
 
 def error_report(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -170,10 +191,11 @@ def error_report(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
             "snr_db": snr_db(x, y), "cosine_similarity": cosine_similarity(x, y)}
 
 
-def check_bits(bits) -> None:
-    """Refuse a bit width kvlab cannot store."""
-    if bits not in BITS or isinstance(bits, bool):
+def check_bits(bits) -> int:
+    """`bits` as an int when kvlab can store that width; refused otherwise (8.0 and "8" too)."""
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or int(bits) not in BITS:
         raise ValueError(f"bits={bits!r} is not supported; allowed: {', '.join(map(str, BITS))}")
+    return int(bits)
 
 
 def _check_granularity(granularity, x: torch.Tensor) -> None:

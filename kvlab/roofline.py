@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from . import memory, validate
-from .config import ModelConfig
+from .config import ModelConfig, resolve
 
 # Dense (no sparsity) FP16 tensor-core peaks in FLOP/s, from NVIDIA's data sheets, which quote the
 # sparse figure (twice these) with an asterisk. GPUs not listed here have no peak in kvlab.
@@ -75,19 +75,22 @@ class Roofline:
         return "compute" if self.compute_seconds > self.memory_seconds else "memory"
 
 
-def embedding_table_params(config: ModelConfig) -> int:
+def embedding_table_params(config: ModelConfig | str) -> int:
     """Parameters of the input embedding that a decode step does *not* read: it looks up one row
     a token, not the whole table. With tied embeddings the table is also the output layer, which
     multiplies every row, so then none is skipped. (A published n_params is assumed to include
     the table, as Llama's do.)"""
+    config = resolve(config)
     return 0 if config.tie_embeddings else config.vocab_size * config.d_model
 
 
-def decode_step_bytes(config: ModelConfig, context: int, batch_size: int = 1,
+def decode_step_bytes(config: ModelConfig | str, context: int, batch_size: int = 1,
                       dtype: str = "fp16") -> int:
     """Bytes one decode step reads: every weight once, except that the input embedding gives only
     one row per sequence, plus the K/V of `context` cached tokens for each sequence in the batch."""
-    validate.integer("batch_size", batch_size)
+    config = resolve(config)
+    context = validate.integer("context", context, low=0, high=validate.MAX_TOKENS)
+    batch_size = validate.integer("batch_size", batch_size, high=validate.MAX_TOKENS)
     table = embedding_table_params(config)
     rows_read = min(table, batch_size * config.d_model) if table else 0
     skipped_bytes = (table - rows_read) * memory.dtype_bits(dtype) // 8
@@ -95,13 +98,14 @@ def decode_step_bytes(config: ModelConfig, context: int, batch_size: int = 1,
             + memory.kv_cache_bytes(config, context, batch_size, dtype))
 
 
-def decode_step_flops(config: ModelConfig, context: int, batch_size: int = 1) -> int:
+def decode_step_flops(config: ModelConfig | str, context: int, batch_size: int = 1) -> int:
     """FLOPs of one decode step: 2 per parameter per sequence (a multiply and an add) for every
     weight matrix the token goes through (not the input embedding: a lookup does no arithmetic),
     plus attention over the cache: q·Kᵀ and the weighted sum of V, 2 FLOPs per element each, for
     every layer, query head and cached position."""
-    validate.integer("context", context, low=0)
-    validate.integer("batch_size", batch_size)
+    config = resolve(config)
+    context = validate.integer("context", context, low=0, high=validate.MAX_TOKENS)
+    batch_size = validate.integer("batch_size", batch_size, high=validate.MAX_TOKENS)
     attention = 4 * config.n_layers * config.n_heads * config.head_dim * context
     matmuls = memory.param_count(config) - embedding_table_params(config)
     return batch_size * (2 * matmuls + attention)
@@ -131,7 +135,7 @@ def forward_flops(config, fed: int, context: int | None = None) -> ForwardFlops:
     multiply it too). Norms, RoPE, softmax and the embedding lookup are not matrix products and are
     left out, as `torch.utils.flop_counter` leaves them out.
     """
-    fed = validate.integer("fed", fed, low=1)
+    config, fed = resolve(config), validate.integer("fed", fed, low=1)
     context = fed if context is None else validate.integer("context", context, low=fed)
     d, q, kv = config.d_model, config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
     per_layer = d * (q + 2 * kv) + q * d + 3 * d * config.d_ff
@@ -139,26 +143,29 @@ def forward_flops(config, fed: int, context: int | None = None) -> ForwardFlops:
     return ForwardFlops(2 * weights * fed, 4 * config.n_layers * q * fed * context)
 
 
-def roofline(config: ModelConfig, bandwidth_bytes_per_s: float, context: int = 0,
+def roofline(config: ModelConfig | str, bandwidth_bytes_per_s: float, context: int = 0,
              batch_size: int = 1, dtype: str = "fp16",
              peak_flops_per_s: float | None = None) -> Roofline:
     """The roofline of a model on a device (bandwidth, and optionally peak FLOP/s) at a context
     length and batch size."""
-    validate.number("bandwidth_bytes_per_s", bandwidth_bytes_per_s, low=0, low_inclusive=False)
+    bandwidth_bytes_per_s = validate.number("bandwidth_bytes_per_s", bandwidth_bytes_per_s, low=0,
+                                            low_inclusive=False)
     if peak_flops_per_s is not None:
-        validate.number("peak_flops_per_s", peak_flops_per_s, low=0, low_inclusive=False)
-    return Roofline(decode_step_bytes(config, context, batch_size, dtype), bandwidth_bytes_per_s,
-                    batch_size, decode_step_flops(config, context, batch_size), peak_flops_per_s)
+        peak_flops_per_s = validate.number("peak_flops_per_s", peak_flops_per_s, low=0, low_inclusive=False)
+    step_bytes = decode_step_bytes(config, context, batch_size, dtype)  # checks context and batch_size
+    return Roofline(step_bytes, bandwidth_bytes_per_s, int(batch_size),
+                    decode_step_flops(config, context, batch_size), peak_flops_per_s)
 
 
 def ridge_point(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:
     """FLOPs per byte at which a device's two roofs meet: below it a step is memory-bound."""
-    validate.number("peak_flops_per_s", peak_flops_per_s, low=0, low_inclusive=False)
-    validate.number("bandwidth_bytes_per_s", bandwidth_bytes_per_s, low=0, low_inclusive=False)
+    peak_flops_per_s = validate.number("peak_flops_per_s", peak_flops_per_s, low=0, low_inclusive=False)
+    bandwidth_bytes_per_s = validate.number("bandwidth_bytes_per_s", bandwidth_bytes_per_s, low=0,
+                                            low_inclusive=False)
     return peak_flops_per_s / bandwidth_bytes_per_s
 
 
-def memory_bound_batch(config: ModelConfig, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
+def memory_bound_batch(config: ModelConfig | str, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
                        context: int = 0, dtype: str = "fp16") -> int | None:
     """The smallest batch at which a decode step stops being memory-bound (its intensity reaches the
     ridge point), or None if it never does.
@@ -178,10 +185,10 @@ def memory_bound_batch(config: ModelConfig, peak_flops_per_s: float, bandwidth_b
     return max(1, math.ceil(ridge * weights / (per_seq_flops - ridge * per_seq_bytes)))
 
 
-def achieved_fraction(config: ModelConfig, tokens_per_s: float, bandwidth_bytes_per_s: float,
+def achieved_fraction(config: ModelConfig | str, tokens_per_s: float, bandwidth_bytes_per_s: float,
                       context: int, batch_size: int = 1, dtype: str = "fp16") -> float:
     """The share of the bandwidth a measured decode rate uses: bytes per step × steps per second
     ÷ bandwidth (1.0 would be the memory roof itself)."""
-    validate.number("tokens_per_s", tokens_per_s, low=0)
+    tokens_per_s = validate.number("tokens_per_s", tokens_per_s, low=0)
     bound = roofline(config, bandwidth_bytes_per_s, context, batch_size, dtype)
     return bound.bytes_per_step * tokens_per_s / batch_size / bandwidth_bytes_per_s

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from .model import Transformer
 from .validate import integer, number
 
 # Below this a temperature only pushes logits / temperature towards float overflow (softmax of inf
@@ -23,6 +24,26 @@ MIN_TEMPERATURE = 1e-4
 MAX_SEED = 2**63 - 1
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def check_model(model) -> Transformer:
+    """`model` when it is a kvlab Transformer; a name, a config or None is refused up front (it
+    would otherwise fail on its first attribute with an AttributeError)."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model={_short(model)} must be a kvlab Transformer "
+                         "(e.g. kvlab.pretrained.load('kvlab-tiny'))")
+    return model
+
+
+def token_ids(model, input_ids) -> torch.Tensor:
+    """input_ids as a checked (B, T) long tensor on the model's device, every id in the model's
+    vocabulary (text, floats and ragged rows are refused, as generate refuses them)."""
+    ids = as_batch(input_ids, next(check_model(model).parameters()).device)
+    vocab = model.config.vocab_size
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"token ids must lie in 0..{vocab - 1}; got min {lo}, max {hi}")
+    return ids
 
 
 def as_batch(input_ids, device=None) -> torch.Tensor:

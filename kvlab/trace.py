@@ -28,7 +28,7 @@ from .attention import attention, repeat_kv
 from .cache import DynamicKVCache
 from .generate import generate
 from .model import Transformer, attend_with
-from .sampling import as_batch
+from .sampling import as_batch, check_model
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def record(model: Transformer, prompt, max_new_tokens: int) -> DecodeTrace:
     """Record a greedy cached decode of `prompt` (token ids, one sequence) for max_new_tokens steps."""
     max_new_tokens = validate.integer("max_new_tokens", max_new_tokens, low=1)
-    ids = as_batch(prompt, next(model.parameters()).device)
+    ids = as_batch(prompt, next(check_model(model).parameters()).device)
     if ids.shape[0] != 1:
         raise ValueError(f"record() follows one sequence; the prompt has batch {ids.shape[0]}")
     expected = generate(model, ids, max_new_tokens, cache="dynamic")  # checks the arguments too

@@ -29,6 +29,7 @@ everything without one.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
@@ -186,19 +187,32 @@ def same_device(a, b) -> bool:
 
 def float_dtype(dtype) -> torch.dtype:
     """A floating-point dtype for K/V storage, or a clear error (an integer dtype would truncate)."""
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype={dtype!r} cannot hold keys and values; allowed: a floating-point "
-                         "torch.dtype (torch.float32, torch.float16, torch.bfloat16)")
-    return dtype
+    return validate.float_dtype("dtype", dtype, "hold keys and values")
+
+
+# No device holds 2**62 bytes (4 EiB): a size beyond it is refused even where free memory cannot be
+# read (the meta device), before torch.Size overflows int64.
+MAX_BYTES = 2**62
 
 
 def allocate(shape: tuple[int, ...], dtype: torch.dtype, device, what: str = "the cache") -> torch.Tensor:
-    """torch.zeros(shape) after checking that it fits in the memory the device has free, so a size
-    typed wrong is refused with its byte count instead of reaching the allocator."""
-    size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    """torch.zeros(shape) on `device` after checking the device (kvlab.validate.device) and that the
+    size fits in the memory it has free, so a size typed wrong is refused with its byte count
+    instead of reaching the allocator. The size is counted in Python integers (no overflow)."""
+    device = validate.device("device", device)
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     free = available_memory(device)
-    if free is not None and size > free:
-        raise MemoryError(f"{what} needs {size:,} bytes ({size / 2**30:.2f} GiB) for shape {tuple(shape)} "
-                          f"but {device} has {free / 2**30:.2f} GiB free; use a smaller batch_size or "
+    if size > MAX_BYTES or (free is not None and size > free):
+        free_text = "cannot tell how much is free" if free is None else f"has {free / 2**30:.2f} GiB free"
+        raise MemoryError(f"{what} needs {_bytes(size)} for shape {_dims(shape)} "
+                          f"but {device or 'cpu'} {free_text}; use a smaller batch_size or "
                           "max_seq_len (kvlab.memory.kv_cache_bytes gives the size beforehand)")
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _dims(shape) -> str:
+    return "(" + ", ".join(f"{d:,}" if d < 10**30 else validate.shown(d) for d in shape) + ")"
+
+
+def _bytes(n: int) -> str:
+    return f"{n:,} bytes ({n / 2**30:.4g} GiB)" if n < 10**30 else f"{validate.shown(n)} bytes"

@@ -48,16 +48,19 @@ class BlockAllocator:
 
     The free list is a stack: a freed block is the next one handed out, so memory is reused
     at once and a sequence's blocks end up scattered over the pool (the block table says where).
+    Blocks never handed out are 0, 1, 2, … in order after the freed ones; they are counted, not
+    listed, so a pool of 10**12 blocks costs nothing until its blocks are used.
     """
 
     def __init__(self, num_blocks: int):
         self.num_blocks = validate.integer("num_blocks", num_blocks)
-        self._free = list(range(self.num_blocks - 1, -1, -1))  # pop() gives 0, 1, 2, … first
+        self._freed: list[int] = []   # blocks given back, the last one handed out first
+        self._untouched = 0           # blocks _untouched .. num_blocks - 1 were never handed out
         self._used: set[int] = set()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._freed) + self.num_blocks - self._untouched
 
     @property
     def num_used(self) -> int:
@@ -66,7 +69,7 @@ class BlockAllocator:
     @property
     def free_blocks(self) -> list[int]:
         """The free block ids, the next one handed out last."""
-        return list(self._free)
+        return list(range(self.num_blocks - 1, self._untouched - 1, -1)) + self._freed
 
     def allocate(self, n: int = 1) -> list[int]:
         """Take n free blocks (all or none)."""
@@ -75,7 +78,10 @@ class BlockAllocator:
             raise OutOfBlocksError(
                 f"out of KV blocks: {self.num_used} of {self.num_blocks} blocks in use, {n} more "
                 f"needed; free some sequences or build the pool with more blocks")
-        blocks = [self._free.pop() for _ in range(n)]
+        reused = [self._freed.pop() for _ in range(min(n, len(self._freed)))]
+        fresh = list(range(self._untouched, self._untouched + n - len(reused)))
+        self._untouched += len(fresh)
+        blocks = reused + fresh
         self._used.update(blocks)
         return blocks
 
@@ -97,7 +103,7 @@ class BlockAllocator:
                              "each block can be freed once")
         for b in ids:
             self._used.remove(b)
-            self._free.append(b)
+            self._freed.append(b)
 
     def __repr__(self) -> str:
         return f"BlockAllocator({self.num_used} of {self.num_blocks} blocks in use)"

@@ -59,7 +59,7 @@ def prefix_hashes(tokens, block_size: int) -> list[int]:
     """One key per full block of `tokens`, in order (a partly filled last block has none): the hash
     of the block's tokens and of its parent's key, so it stands for every token up to the block's
     end. Only a candidate: `PrefixBlockManager.match` also compares the tokens."""
-    validate.integer("block_size", block_size)
+    block_size = validate.integer("block_size", block_size)
     tokens = token_list("tokens", tokens)
     keys, parent = [], ROOT_HASH
     for i in range(len(tokens) // block_size):
@@ -88,7 +88,7 @@ class PrefixBlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, on_copy=None):
-        validate.integer("num_blocks", num_blocks)
+        num_blocks = validate.integer("num_blocks", num_blocks)
         self.block_size = validate.integer("block_size", block_size)
         self.allocator = BlockAllocator(num_blocks)
         self.refs: dict[int, int] = {}
@@ -137,7 +137,7 @@ class PrefixBlockManager:
         prompt = token_list("prompt", prompt)
         if not prompt:
             raise ValueError("prompt must hold at least one token")
-        shared = self.match(prompt) if reuse else []
+        shared = self.match(prompt) if validate.boolean("reuse", reuse) else []
         shared = shared[:(len(prompt) - 1) // self.block_size]
         need = blocks_needed(len(prompt), self.block_size) - len(shared)
         for b in shared:
@@ -274,7 +274,7 @@ class SharedPagedKVCache(KVCache):
     """One request (batch 1) in a PrefixKVStore. It starts with `cached_tokens` positions already
     filled (the shared prefix); `update` writes new positions through the block table (copying a
     shared block before writing into it) and returns K, V gathered through the table. `release()`
-    gives its blocks back; a released cache refuses any further use."""
+    gives its blocks back; a released cache refuses any further use (ValueError)."""
 
     def __init__(self, store: PrefixKVStore, seq: Sequence):
         self.store, self.seq, self.config = store, seq, store.config
@@ -346,6 +346,6 @@ class SharedPagedKVCache(KVCache):
         self.released = True
 
     def _check_alive(self) -> None:
-        if self.released:
-            raise RuntimeError("this SharedPagedKVCache was released: its blocks belong to the pool "
+        if self.released:  # a ValueError, as Python's own for a closed file
+            raise ValueError("this SharedPagedKVCache was released: its blocks belong to the pool "
                                "again; ask the store for a new one (store.cache_for(prompt))")

@@ -60,7 +60,7 @@ def quantized_layout(config, max_seq_len: int, granularity: str, bits: int = 8,
                      group_size: int = 32, residual: int = 0) -> QuantizedLayout:
     """The validated layout of one side of a QuantizedKVCache."""
     validate.choice("granularity", granularity, GRANULARITIES)
-    check_bits(bits)
+    bits = check_bits(bits)
     width = config.n_kv_heads * config.head_dim
     if bits == 4 and width % 2:
         raise ValueError(f"bits=4 packs two codes a byte: n_kv_heads × head_dim = {width} must be even")
@@ -187,7 +187,8 @@ class QuantizedKVCache(KVCache):
         config = resolve(config)
         layouts = [quantized_layout(config, max_seq_len, g, bits, group_size, residual)
                    for g in (key_granularity, value_granularity)]
-        self.config, self.max_seq_len, self.dtype, self.bits = config, max_seq_len, dtype, bits
+        self.config, self.max_seq_len, self.dtype = config, layouts[0].max_seq_len, dtype
+        self.bits = layouts[0].bits
         self.scale_dtype, self.residual, self.group_size = scale_dtype, residual, group_size
         self.sides = {side: QuantizedTensorStore(layout, config.n_layers, batch_size, dtype,
                                                  scale_dtype, device)
