@@ -93,7 +93,7 @@ def generate(model, input_ids, max_new_tokens: int, cache: str | KVCache | None 
     if isinstance(cache, str):
         cache = make_cache(cache, cfg, batch, total, dtype=param.dtype, device=param.device)
     elif cache is not None:
-        _check_cache_object(cache, cfg, batch, total, param)
+        check_cache_object(cache, cfg, batch, total, param)
     out = Generation(tokens=ids, prompt_len=prompt_len)
     timer = _StepTimer(param.device)
     forward = _recorded(_model_forward(model, cache, mask), out.steps, count_flops, timer)
@@ -195,7 +195,7 @@ def _full_mask(attention_mask, ids: torch.Tensor, total: int) -> torch.Tensor | 
     return full
 
 
-def _check_cache_object(cache, config, batch: int, total: int, param: torch.Tensor) -> None:
+def check_cache_object(cache, config, batch: int, total: int, param: torch.Tensor) -> None:
     """Refuse what is not a cache, a cache that already holds positions, or one that does not fit
     the model and the prompt."""
     if not isinstance(cache, KVCache):

@@ -1,8 +1,9 @@
 """kvlab-tiny and kvlab-tiny-gqa: tiny byte-level Llama-style models shipped with the package, so
-generation prints readable text offline (no model hub).
+generation prints readable text offline (no model hub); and kvlab-tiny-draft, a one-layer model of the
+same bytes, kvlab-tiny's draft model in speculative decoding (`kvlab.speculative`).
 
 Token ids are UTF-8 bytes (vocabulary 256): one id per ASCII letter, three per Chinese character.
-Both models were trained by `python -m kvlab.train` on a corpus this project wrote, in English and
+All three were trained by `python -m kvlab.train` on a corpus this project wrote, in English and
 Chinese (`kvlab/data/corpus/`): hand-written documents (`handwritten/`) and worked KV-cache arithmetic
 generated from templates by `tools/make_corpus.py` (`generated/`). Whole documents are split, by a
 hash of their name, into train (80 %), validation (5 %, used to stop training early) and held-out
@@ -11,6 +12,7 @@ honestly.
 
     model = kvlab.pretrained.load("kvlab-tiny")            # MHA: 4 query heads, 4 KV heads
     twin = kvlab.pretrained.load("kvlab-tiny-gqa")         # same budget, 2 KV heads, trained natively
+    draft = kvlab.pretrained.load("kvlab-tiny-draft")      # 1 layer, d_model 96: cheap guesses
     kvlab.pretrained.loss(model, kvlab.pretrained.corpus_text("held_out"))   # nats per byte
 """
 
@@ -33,7 +35,7 @@ from .model import Transformer
 DATA_DIR = Path(__file__).parent / "data"
 CORPUS_DIR = DATA_DIR / "corpus"
 SOURCES = ("handwritten", "generated")
-MODELS = ("kvlab-tiny", "kvlab-tiny-gqa")
+MODELS = ("kvlab-tiny", "kvlab-tiny-gqa", "kvlab-tiny-draft")
 SPLITS = ("train", "validation", "held_out")
 SEPARATOR = "\n===\n"  # a line `===` ends a document inside a corpus file
 HELD_OUT_PERCENT, VALIDATION_PERCENT = 15, 5

@@ -1,7 +1,7 @@
-"""Train kvlab-tiny (MHA) and kvlab-tiny-gqa (its GQA twin), the byte-level models that
-`kvlab.pretrained.load(name)` returns.
+"""Train kvlab-tiny (MHA), kvlab-tiny-gqa (its GQA twin) and kvlab-tiny-draft (the draft model of
+speculative decoding), the byte-level models that `kvlab.pretrained.load(name)` returns.
 
-    python -m kvlab.train                                  # both shipped checkpoints, one after the other
+    python -m kvlab.train                                  # every shipped checkpoint, one after another
     python -m kvlab.train --model kvlab-tiny-gqa           # one of them
     python -m kvlab.train --steps 20 --output /tmp/tiny    # a quick smoke run elsewhere
 
@@ -13,17 +13,20 @@ the validation split and keeps the best weights; it stops when that loss has not
 `patience` evaluations (early stopping), so the model does not learn its text by heart. The
 held-out split is used only at the end, to report.
 
-The two models share everything but the attention: the twin has 2 KV heads instead of 4 and a
+The first two share everything but the attention: the twin has 2 KV heads instead of 4 and a
 wider feed-forward layer (d_ff 395 instead of 352), so both hold about 870 thousand parameters.
+kvlab-tiny-draft has kvlab-tiny's bytes and head size but one layer, d_model 96 and d_ff 256: 160
+thousand parameters, a decode step about a third of kvlab-tiny's on the CPU (`kvlab.speculative`).
 
 Output (default `kvlab/data/`), per model:
-- `<name>.safetensors`: the weights in fp16 (about 1.7 MB; `load` converts them back),
+- `<name>.safetensors`: the weights in fp16 (about 1.7 MB, the draft 0.3 MB; `load` converts them back),
 - `<name>.json`: config, parameter count, steps, seed, wall and CPU time, train / validation /
   held-out loss in nats per byte with standard errors (over 256-byte windows, measured on the fp16
   weights that ship), corpus size and SHA-256, greedy samples from fixed prompts, torch version.
 
-Time: the shipped runs (500 steps each) took 373 and 402 s of CPU on one thread, 14 and 15 minutes
-of wall time on a 2-core machine shared with other work (`train_seconds`, `train_cpu_seconds` in the
+Time: the shipped runs of kvlab-tiny and kvlab-tiny-gqa (500 steps each) took 373 and 402 s of CPU
+on one thread, 14 and 15 minutes of wall time on a 2-core machine shared with other work; kvlab-tiny-draft
+(1500 steps) took 224 s of CPU, 7 minutes of wall time (`train_seconds`, `train_cpu_seconds` in the
 records). Same seed, steps and thread count give the same weights on the same torch build; one
 thread is the default, which keeps the result reproducible (and is no slower on a busy machine).
 """
@@ -52,7 +55,15 @@ CONFIGS = {
                               vocab_size=256, max_seq_len=1024, name="kvlab-tiny", source=_SOURCE),
     "kvlab-tiny-gqa": ModelConfig(n_layers=4, d_model=128, n_heads=4, n_kv_heads=2, d_ff=395,
                                   vocab_size=256, max_seq_len=1024, name="kvlab-tiny-gqa", source=_SOURCE),
+    # The draft model of speculative decoding (kvlab.speculative): kvlab-tiny's tokenizer (bytes) and
+    # head size, one layer and a narrower stream, so one decode step costs a fraction of kvlab-tiny's.
+    "kvlab-tiny-draft": ModelConfig(n_layers=1, d_model=96, n_heads=3, n_kv_heads=3, d_ff=256,
+                                    vocab_size=256, max_seq_len=1024, name="kvlab-tiny-draft",
+                                    source=_SOURCE),
 }
+# Most optimizer steps of each shipped run (early stopping may end it sooner): the draft model is
+# about a fifth of kvlab-tiny's size, so three times the steps cost less than kvlab-tiny's run.
+STEPS = {"kvlab-tiny": 500, "kvlab-tiny-gqa": 500, "kvlab-tiny-draft": 1500}
 SAMPLE_PROMPTS = ("The KV cache", "KV 缓存")
 SAMPLE_TOKENS = 200
 
@@ -94,7 +105,7 @@ def add_dropout(model: Transformer, p: float) -> list:
     return [m.register_forward_hook(hook) for m in modules]
 
 
-def train(name: str = "kvlab-tiny", steps: int = 500, seed: int = 0, batch_size: int = 16,
+def train(name: str = "kvlab-tiny", steps: int | None = None, seed: int = 0, batch_size: int = 16,
           context: int = 256, lr: float = 3e-3, weight_decay: float = 0.1, dropout: float = 0.1,
           eval_every: int = 25, patience: int = 4, threads: int = 1,
           output: Path | str = pretrained.DATA_DIR, train_text: str | None = None,
@@ -105,7 +116,7 @@ def train(name: str = "kvlab-tiny", steps: int = 500, seed: int = 0, batch_size:
     `save_files=False` returns the record with the trained model under "model", writing nothing.
     """
     validate.choice("name", name, CONFIGS)
-    steps = validate.integer("steps", steps, low=1)
+    steps = validate.integer("steps", STEPS[name] if steps is None else steps, low=1)
     batch_size = validate.integer("batch_size", batch_size, low=1)
     eval_every = validate.integer("eval_every", eval_every, low=1)
     patience = validate.integer("patience", patience, low=1)
@@ -231,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=[*CONFIGS, "all"], default="all", help="which model (default all)")
-    parser.add_argument("--steps", type=int, default=500, help="most optimizer steps (default 500)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="most optimizer steps (default: the shipped run's, kvlab.train.STEPS)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per step (default 16)")
     parser.add_argument("--context", type=int, default=256, help="bytes per window (default 256)")

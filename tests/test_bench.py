@@ -377,3 +377,60 @@ def test_gpu_check_runs_on_the_cpu_past_a_missing_pytest_and_a_failed_step(tmp_p
     rows = json.loads(next((out / "bench").glob("*tinyllama-1.1b.json")).read_text())["rows"]
     assert {r["sweep"] for r in rows} == {"modes", "batch", "memory", "roofline", "compare_hf"}
     assert "8 code cells, 0 skipped" in (out / "logs" / "chapter-00.log").read_text()
+
+
+def test_speculative_prompts_hold_held_out_text_or_repeat_their_start():
+    from kvlab.bench.speculation import speculative_prompts
+    from kvlab.generate import encode_bytes
+
+    held = speculative_prompts("held-out", encode_bytes, 3, 40)
+    assert len(held) == 3 and all(len(p) == 40 for p in held) and len({tuple(p) for p in held}) == 3
+    for passage, p in zip(held, speculative_prompts("repeating", encode_bytes, 3, 40), strict=True):
+        assert p == passage + encode_bytes("\n\n") + passage[:8]  # the passage, then its start again
+    with pytest.raises(ValueError, match="text='code' is not allowed"):
+        speculative_prompts("code", encode_bytes, 1, 10)
+
+
+def test_command_line_speculative_sweep(tmp_path):
+    result = cli.main(["--quick", "--repeats", "1", "--sweeps", "speculative", "--out", str(tmp_path),
+                       "--stem", "spec", "--no-progress"])
+    rows = [r for r in result["rows"] if r["sweep"] == "speculative"]
+    assert {(r["text"], r["method"]) for r in rows} == {
+        (t, m) for t in ("held-out", "repeating")
+        for m in ("plain greedy", "speculative, prompt lookup", "speculative, kvlab-tiny-draft")}
+    for r in rows:
+        assert r["model"] == "kvlab-tiny" and r["clock"] == "cpu" and r["speedup_vs_plain"] > 0
+        if r["method"] != "plain greedy":
+            assert r["tokens_identical"] and r["first_divergence"] is None and r["k"] == 2
+            assert 0 <= r["acceptance_rate"] <= r["per_token_acceptance"] <= 1
+            assert r["verify_cost"] > 0 and r["draft_cost"] >= 0
+            a, k, c = r["per_token_acceptance"], r["k"], r["draft_cost"]
+            assert r["expected_speedup"] == pytest.approx((1 - a ** (k + 1)) / (1 - a) / (k * c + 1)) \
+                if a < 1 else r["expected_speedup"] == pytest.approx((k + 1) / (k * c + 1))
+    md = (tmp_path / "spec.md").read_text()
+    assert "Speculative vs plain greedy decoding" in md
+    assert "speculative decoding gives plain greedy decoding's tokens (required): met." in md
+
+
+def test_speculative_sweep_on_the_real_model_path(real_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLAB_REAL_MODEL", str(real_checkpoint))
+    monkeypatch.setattr(cli, "compare_real_model", lambda *a, **k: [])  # tested above
+    result = cli.main(["--quick", "--real-model", "--repeats", "1", "--sweeps", "speculative", "--out",
+                       str(tmp_path), "--stem", "spec-real", "--no-progress"])
+    real = [r for r in result["rows"] if r["sweep"] == "speculative" and r["model"] != "kvlab-tiny"]
+    n = 2  # the random checkpoint's layers: early exit after 1/2 and 5/6 of them
+    assert {r["method"] for r in real} == {"plain greedy", "speculative, prompt lookup",
+                                           f"speculative, first {n // 2} of {n} layers",
+                                           f"speculative, first {n * 5 // 6} of {n} layers"}
+    assert all(r["tokens_identical"] for r in real if r["method"] != "plain greedy")
+
+
+def test_speculative_tokens_that_differ_fail_the_run(tmp_path, monkeypatch):
+    row = {"sweep": "speculative", "model": "m", "text": "held-out", "method": "speculative, x", "k": 2,
+           "tokens_identical": False, "first_divergence": 5}
+    monkeypatch.setattr(cli, "speculative_kvlab_tiny", lambda *a, **k: [row])
+    with pytest.raises(SystemExit, match="m, held-out, speculative, x k=2: first divergence from plain "
+                                         "greedy decoding at new token 5"):
+        cli.main(["--quick", "--sweeps", "speculative", "--repeats", "1", "--out", str(tmp_path),
+                  "--stem", "bad-spec", "--no-progress"])
+    assert "NOT met" in (tmp_path / "bad-spec.md").read_text()

@@ -1,6 +1,6 @@
-"""kvlab-tiny and kvlab-tiny-gqa: the shipped checkpoints load, are small, match their records,
-decode the same with and without a cache; the corpus is split by document; bad input and damaged
-files get clear errors."""
+"""kvlab-tiny, kvlab-tiny-gqa and kvlab-tiny-draft: the shipped checkpoints load, are small, match
+their records, decode the same with and without a cache; the corpus is split by document; bad input
+and damaged files get clear errors."""
 
 import json
 import math
@@ -22,7 +22,7 @@ def models():
     return {name: pretrained.load(name) for name in NAMES}
 
 
-def test_both_load_in_eval_mode_with_the_recorded_shapes(models):
+def test_all_load_in_eval_mode_with_the_recorded_shapes(models):
     mha, gqa = models["kvlab-tiny"], models["kvlab-tiny-gqa"]
     for name, model in models.items():
         assert isinstance(model, Transformer) and not model.training
@@ -169,7 +169,10 @@ def test_recorded_samples_are_what_the_model_writes(models, name):
     assert "\ufffd" not in record["sample"][:-1]
     assert len(re.findall(r"[A-Za-z]{3,}", record["sample"])) >= 10
     chinese = record["samples"][1]["text"]
-    assert "\ufffd" not in chinese[:-1] and len(re.findall(r"[\u4e00-\u9fff]", chinese)) >= 10
+    assert "\ufffd" not in chinese[:-1]
+    if name != "kvlab-tiny-draft":  # the course's models write Chinese; the one-layer draft model
+        # (kvlab.speculative) soon falls back to English, the larger part of the corpus
+        assert len(re.findall(r"[\u4e00-\u9fff]", chinese)) >= 10
 
 
 # ------------------------------------------------------------------ damaged files

@@ -17,6 +17,8 @@ The package, one job a module; the names below are importable from `kvlab.bench`
 - `compare`: `compare_hf` (the same random weights in `transformers` and in kvlab, side by side) and
   `compare_real_model` (the course's real model), with transformers eager and compiled, labelled, and
   the tokens checked by `first_divergence` and `teacher_forced_agreement`;
+- `speculation`: speculative vs plain greedy decoding on kvlab-tiny (prompt lookup, kvlab-tiny-draft) and
+  the real model (prompt lookup, early exit), with the acceptance and Leviathan et al.'s expected speed-up;
 - `report`: result files `benchmarks/<device>-<date>.json|.csv|.md` and the index `benchmarks/README.md`;
 - `cli`: the command line (`python -m kvlab.bench --help`).
 """
@@ -40,6 +42,7 @@ from .machine import (
     machine,
     match_gpu,
 )
+from .speculation import pass_costs, speculative_prompts, sweep_speculative
 from .sweeps import (
     CPU_CONFIG,
     GPU_CONFIG,
@@ -57,6 +60,7 @@ from .timing import CLOCKS, fit_step_time, median, op_counts, time_call, time_in
 __all__ = ["CLOCKS", "CPU_CONFIG", "GPU_CONFIG", "KNOWN_GPUS", "TORCH_DTYPE_NAMES", "compare_hf",
            "compare_models", "compare_real_model", "copy_bandwidth", "copy_bytes_beyond_l2", "cpu_name",
            "device_bandwidth", "first_divergence", "fit_step_time", "hf_compiles", "hf_generate_kwargs",
-           "hf_twin", "machine", "match_gpu", "median", "memory_check", "op_counts", "random_model",
-           "random_prompt", "roofline_rows", "sweep_batch", "sweep_lengths", "sweep_modes",
-           "teacher_forced_agreement", "time_call", "time_interleaved"]
+           "hf_twin", "machine", "match_gpu", "median", "memory_check", "op_counts", "pass_costs",
+           "random_model", "random_prompt", "roofline_rows", "speculative_prompts", "sweep_batch",
+           "sweep_lengths", "sweep_modes", "sweep_speculative", "teacher_forced_agreement", "time_call",
+           "time_interleaved"]

@@ -13,7 +13,8 @@ from .. import env, memory
 from ..config import PRESETS
 from .compare import compare_hf, compare_real_model
 from .machine import copy_bandwidth, device_bandwidth, machine, matvec_bandwidth
-from .report import summary_markdown, token_failures, write_results
+from .report import speculative_failures, summary_markdown, token_failures, write_results
+from .speculation import speculative_kvlab_tiny, speculative_real_model
 from .sweeps import (
     CPU_CONFIG,
     GPU_CONFIG,
@@ -45,11 +46,12 @@ def run(args: argparse.Namespace) -> dict:
     if quick:
         config = config.with_(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=256)
     sweeps = [s for s in args.sweeps.split(",") if s and s != "none"]
-    unknown = set(sweeps) - {"lengths", "modes", "batch", "memory", "roofline"}
+    unknown = set(sweeps) - {"lengths", "modes", "batch", "memory", "roofline", "speculative"}
     if unknown:
         raise ValueError(f"unknown sweeps {sorted(unknown)}; allowed: lengths, modes, batch, memory, "
-                         "roofline, none")
+                         "roofline, speculative, none")
     batch_sizes = _positive_ints("--batch-sizes", args.batch_sizes)
+    spec_ks = _positive_ints("--speculative-k", args.speculative_k)
     rows: list[dict] = []
     notes = []
     lengths = [8, 16] if quick else ([32, 64, 128, 256] if device.type == "cpu" else [64, 256, 512])
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> dict:
     # On a GPU, also the share of what a copy far larger than the L2 cache moves: the data-sheet figure
     # is a peak that no program reaches.
     measured = copy_bandwidth(device) if on_gpu else None
-    if sweeps:
+    random_sweeps = [s for s in sweeps if s != "speculative"]
+    if random_sweeps:
         model = random_model(config, device, dtype)
         if "lengths" in sweeps:
             rows += sweep_lengths(model, lengths, repeats=args.repeats, progress=progress, clock=clock)
@@ -83,6 +86,15 @@ def run(args: argparse.Namespace) -> dict:
             rows += roofline_rows(model, bandwidth, source,
                                   [r for r in rows if r["sweep"] in ("modes", "batch")], measured)
         del model
+    if "speculative" in sweeps:  # trained models: random ones guess nothing worth accepting
+        spec = dict(repeats=args.repeats, clock=clock, progress=progress)
+        rows += speculative_kvlab_tiny([2] if quick else spec_ks, 8 if quick else args.speculative_new_tokens,
+                                       n_prompts=1 if quick else 4, prompt_len=16 if quick else 128,
+                                       device=device, **spec)
+        if args.real_model:
+            rows += speculative_real_model([2] if quick else [3], 8 if quick else 48,
+                                           n_prompts=1 if quick else 2, prompt_len=16 if quick else 96,
+                                           device=device, **spec)
     # On the CPU the roof of a batch-1 decode is what a matrix-vector product streams, on the clock
     # of the timings; on a GPU the data-sheet figure (and the measured copy beside it).
     roof = (bandwidth if on_gpu else matvec_bandwidth(device, clock=clock)) if comparing else None
@@ -104,7 +116,7 @@ def run(args: argparse.Namespace) -> dict:
     model_desc = (f"{config.name or 'custom'}: {config.n_layers} layers, d_model {config.d_model}, "
                   f"{config.n_heads} heads / {config.n_kv_heads} KV heads, vocab {config.vocab_size}, "
                   f"{memory.param_count(config):,} parameters, {TORCH_DTYPE_NAMES[dtype]}"
-                  if sweeps else "none (no sweeps run)")
+                  if random_sweeps else "none (no sweeps on random weights run)")
     return {"machine": machine(device), "model": model_desc, "rows": rows, "notes": notes,
             "args": " ".join(args.argv)}
 
@@ -125,12 +137,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                             "interleaved comparisons.")
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers generate (dynamic and static cache) on the same weights")
-    p.add_argument("--sweeps", default="lengths,modes,batch,memory,roofline",
-                   help="comma-separated: lengths, modes, batch, memory, roofline (or none)")
+    p.add_argument("--sweeps", default="lengths,modes,batch,memory,roofline,speculative",
+                   help="comma-separated: lengths, modes, batch, memory, roofline, speculative (or none)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median)")
     p.add_argument("--real-model", action="store_true",
-                   help="also compare kvlab and transformers on the course's real model "
-                        "(kvlab.course_model.load_course_model; $KVLAB_REAL_MODEL picks another checkpoint)")
+                   help="also compare kvlab and transformers on the course's real model, and run the "
+                        "speculative sweep on it (kvlab.course_model.load_course_model; $KVLAB_REAL_MODEL "
+                        "picks another checkpoint)")
     p.add_argument("--hf-new-tokens", type=int, default=64,
                    help="tokens to generate in --compare-hf and --real-model")
     p.add_argument("--prompt-tokens", type=int, default=None,
@@ -139,6 +152,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="tokens to generate in the modes, batch and memory sweeps (default 64 on the "
                         "CPU, 256 on a GPU)")
     p.add_argument("--batch-sizes", default="1,4,16", help="batch sizes of the batch sweep")
+    p.add_argument("--speculative-k", default="1,2,4,6",
+                   help="guesses per verify pass of the speculative sweep on kvlab-tiny (with --real-model "
+                        "the real model is run with k=3)")
+    p.add_argument("--speculative-new-tokens", type=int, default=96,
+                   help="tokens each prompt of the speculative sweep generates on kvlab-tiny")
     p.add_argument("--hf-config", choices=sorted(HF_CONFIGS), default="small",
                    help="model for --compare-hf on the CPU: small (overhead-bound, the default) or 25m "
                         "(bandwidth-bound)")
@@ -173,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     paths = write_results(result, args.out, args.stem)
     print(summary_markdown(result))
     print("written:", ", ".join(str(p) for p in paths.values()))
-    failures = token_failures(result)
+    failures = token_failures(result) + speculative_failures(result)
     if failures:  # the files are written, for a look at the rows; the run still fails
-        raise SystemExit("same weights in fp32 must give identical tokens, but:\n" + "\n".join(failures))
+        raise SystemExit("same weights in fp32, and speculative decoding, must give identical tokens, "
+                         "but:\n" + "\n".join(failures))
     return result
 

@@ -80,6 +80,12 @@ SECTIONS = {
                ["method", "mode", "batch", "seq_len", "dtype", "cache_bytes", "predicted_cache_bytes",
                 "cache_allocated_bytes", "weight_bytes", "predicted_weight_bytes", "peak_allocated_bytes",
                 "peak_vs_predicted"]),
+    "speculative": ("Speculative vs plain greedy decoding (batch 1, static cache)",
+                    ["model", "text", "method", "k", "prompts", "new_tokens", "clock", "tokens_per_s",
+                     "median_s", "min_s", "max_s", "speedup_vs_plain", "tokens_identical",
+                     "first_divergence", "acceptance_rate", "per_token_acceptance", "tokens_per_pass",
+                     "draft_cost", "verify_cost", "expected_speedup", "expected_speedup_measured_verify",
+                     "repeats"]),
     "roofline": ("Roofline: bytes per decode step ÷ bandwidth",
                  ["method", "batch", "new_tokens", "tokens_per_s", "bound_tokens_per_s",
                   "bytes_per_step", "fraction_of_bandwidth", "bandwidth_source",
@@ -92,6 +98,12 @@ NOTES = {
                   "positions at which its argmax is transformers' next token. speedup_vs_hf_*: "
                   "transformers' median time ÷ this method's; its eager rows run with "
                   "disable_compile=True, its compiled row with transformers' own CompileConfig.",
+    "speculative": "One timed call decodes every prompt of its text. speedup_vs_plain: plain greedy "
+                   "decoding's median time ÷ this row's; per_token_acceptance: accepted ÷ (accepted + "
+                   "first rejections), the α of Leviathan et al.; draft_cost: one guess's cost in target "
+                   "decode steps (c); verify_cost: the target's pass over k + 1 tokens in decode steps; "
+                   "expected_speedup: (1 - α^(k+1)) / (1 - α) / (k·c + 1), the paper's formula, and with "
+                   "verify_cost in place of 1.",
 }
 
 
@@ -129,6 +141,13 @@ def token_failures(result: dict) -> list[str]:
             if r["sweep"] in COMPARISONS and r.get("dtype") == "fp32" and not r["tokens_identical"]]
 
 
+def speculative_failures(result: dict) -> list[str]:
+    """The speculative rows whose tokens are not plain greedy decoding's (they must be identical)."""
+    return [f"{r['model']}, {r['text']}, {r['method']} k={r['k']}: first divergence from plain greedy "
+            f"decoding at new token {r['first_divergence']}"
+            for r in result["rows"] if r["sweep"] == "speculative" and r.get("tokens_identical") is False]
+
+
 def _fastest_hf(row: dict) -> float:
     """This row's speed-up over the fastest transformers row measured beside it."""
     return min(row[k] for k in ("speedup_vs_hf_dynamic", "speedup_vs_hf_static", "speedup_vs_hf_compiled")
@@ -136,12 +155,13 @@ def _fastest_hf(row: dict) -> float:
 
 
 def _target_lines(result: dict) -> list[str]:
-    """The targets of issues 2, 6, 12 and 26, checked against this result's numbers."""
+    """The targets of issues 2, 6, 12, 26 and 30, checked against this result's numbers."""
     on_gpu = result["machine"]["device"] == "cuda"
     rows = {r["method"]: r for r in result["rows"] if r["sweep"] == "compare_hf"}
     real = [r for r in result["rows"] if r["sweep"] == "compare_real" and r["method"].startswith("kvlab")]
     roof = [r for r in result["rows"] if r["sweep"] == "roofline" and r["batch"] == 1]
-    if not rows and not real and not (on_gpu and roof):
+    speculative = any(r["sweep"] == "speculative" for r in result["rows"])
+    if not rows and not real and not (on_gpu and roof) and not speculative:
         return []
     out = ["", "## Targets"]
     if not on_gpu:
@@ -183,6 +203,10 @@ def _target_lines(result: dict) -> list[str]:
                     if "fraction_of_measured_bandwidth" in best else "")
         out.append(f"- GPU, batch 1: at least 60 % of the bandwidth roofline: best {best['method']} "
                    f"reached {frac:.0%}{measured} — {'met' if frac >= 0.6 else 'NOT met'}.")
+    if any(r["sweep"] == "speculative" for r in result["rows"]):
+        failures = speculative_failures(result)
+        out.append("- speculative decoding gives plain greedy decoding's tokens (required): "
+                   + ("met." if not failures else "NOT met: " + "; ".join(failures) + "."))
     compared = [r for r in result["rows"] if r["sweep"] in COMPARISONS and r.get("dtype") == "fp32"]
     if compared:
         failures = token_failures(result)
