@@ -157,9 +157,8 @@ def speculative_kvlab_tiny(ks: Sequence[int], new_tokens: int, n_prompts: int = 
 def speculative_real_model(ks: Sequence[int], new_tokens: int, n_prompts: int = 2, prompt_len: int = 96,
                            repeats: int = 3, clock: str = "cpu", progress: bool = False,
                            device=None) -> list[dict]:
-    """sweep_speculative on the course's real model (kvlab.course_model.load_course_model), with prompt
-    lookup
-    and its own first layers as the draft (early exit after 1/2 and 5/6 of its layers)."""
+    """sweep_speculative on the course's real model (kvlab.course_model.load_course_model), with
+    prompt lookup and its own first layers as the draft (early exit after 1/2 and 5/6 of its layers)."""
     from ..course_model import load_course_model
     from ..drafters import ModelDrafter, PromptLookupDrafter, early_exit
 
