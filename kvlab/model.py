@@ -112,14 +112,16 @@ class _Masking:
                 self.shared = (self._in_order(),)
             return self.shared[0]
         q = torch.arange(self.start, self.start + self.t, device=self.device)
-        mask = cache.visible(q, positions)                 # (T, S) or (B, H_kv, T, S)
+        mask = cache.visible(q, positions, layer)          # (T, S) or (B, H_kv, T, S)
         if self.keep is not None:
             if positions.dim() == 1:
                 real = self.keep[:, positions][:, None, None, :]                 # (B, 1, 1, S)
             else:
                 b, h, s = positions.shape
                 real = self.keep.gather(1, positions.reshape(b, -1)).view(b, h, 1, s)
-            mask = (mask & real) | (positions[..., None, :] == q[:, None])  # a padding query sees itself
+            # A padding query would see no key (softmax over nothing is NaN): it sees itself.
+            padding = ~self.keep[:, self.start:self.start + self.t][:, None, :, None]  # (B, 1, T, 1)
+            mask = (mask & real) | ((positions[..., None, :] == q[:, None]) & padding)
         if mask.dim() == 4 and mask.shape[1] > 1 and self.n_rep > 1:
             mask = mask.repeat_interleave(self.n_rep, dim=1)  # per KV head -> per query head
         return mask

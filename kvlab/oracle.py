@@ -120,7 +120,7 @@ class Oracle:
             if positions is None:
                 positions = torch.arange(k.shape[2], device=k.device)
             passes[layer].append((k.clone(), v.clone(), positions.clone(), q_pos,
-                                  self.cache.visible(q_pos, positions)))
+                                  self.cache.visible(q_pos, positions, layer)))
             return attention(q, k, v, mask)
 
         with attend_with(self.model, probe):
@@ -192,10 +192,10 @@ class Oracle:
         each query saw (B, H, N, N)."""
         if self.seen is not None:
             return self.seen[layer].repeat_interleave(self.model.config.n_rep, dim=1)
+        if not self.cache.drops_keys:
+            return None  # every position kept: plain causal attention
         positions = torch.arange(n, device=self.tokens.device)
-        if type(self.cache).visible is KVCache.visible:
-            return None
-        return self.cache.visible(positions, positions)
+        return self.cache.visible(positions, positions, layer)
 
     def _recompute(self):
         n = self.tokens.shape[1]

@@ -17,14 +17,13 @@ tokens. One step, after the tokens so far, whose last one (`last`) is not in the
 
 Every token added is the target's argmax after the tokens before it, so the output is plain greedy
 decoding's (`kvlab.generate.generate`), token for token, with every cache that keeps positions
-exactly: "dynamic", "static", "paged" and a `SlidingWindowKVCache` with `rollback >= k` (tested,
-hypothesis, in float64). One caveat is arithmetic: a pass over k + 1 tokens multiplies matrices of
-another shape than a one-token step, so logits can differ in the last bits and an exact tie could
-break the other way (the benchmark checks the tokens in float32). A quantized cache ("int8",
-"int4") needs `residual >= k` full-precision positions to crop (chosen for you when built by name);
-its output is close to, not bitwise, plain decoding's with the same cache: a verify pass quantizes
-a key while later queries of the same pass still read it, where one-token decoding would have
-shown the earlier ones that key in full precision. A `HeavyHitterKVCache` cannot roll back (its
+exactly: "dynamic", "static", "paged", a `SlidingWindowKVCache` with `rollback >= k`, and the
+quantized caches ("int8", "int4") with `rollback >= k` (chosen for you when built by name: each
+query of a verify pass sees every position as one-token decoding would have shown it, and a crop
+restores the exact values the rejected tokens' quantization replaced) — tested, hypothesis, in
+float64. One caveat is arithmetic: a pass over k + 1 tokens multiplies matrices of another shape
+than a one-token step, so logits can differ in the last bits and an exact tie could break the other
+way (the benchmark checks the tokens in float32). A `HeavyHitterKVCache` cannot roll back (its
 scores hold the attention of the rejected queries) and is refused up front, as is a batch: this
 module decodes one sequence (each row would accept a different number of tokens).
 
@@ -226,7 +225,7 @@ def speculative_generate(model, input_ids, max_new_tokens: int, drafter: Drafter
     `kvlab.generate.generate(model, input_ids, max_new_tokens, cache, eos_token_id=…)`.
 
     input_ids: one sequence (a list of ids or a (1, T) tensor). cache: a kind name ("static",
-    "dynamic", "paged", "int8", "int4"; a quantized one gets residual=k) or an empty KVCache that
+    "dynamic", "paged", "int8", "int4"; a quantized one gets rollback=k) or an empty KVCache that
     can crop k positions. Returns a `Speculation` (tokens, per-step statistics, acceptance)."""
     cfg = model.config
     param = next(model.parameters())
@@ -291,11 +290,11 @@ def _checked(guesses, k: int, vocab: int, drafter: Drafter) -> list[int]:
 
 
 def _target_cache(cache, config, total: int, k: int, param: torch.Tensor) -> KVCache:
-    """The target's cache: built by name (a quantized kind with residual=k), or the caller's, checked
+    """The target's cache: built by name (a quantized kind with rollback=k), or the caller's, checked
     to hold nothing yet, to fit, and to be able to crop k positions."""
     if isinstance(cache, str) and cache in QUANTIZED_KINDS:
         bits = 8 if cache == "int8" else 4
-        cache = QuantizedKVCache(config, 1, total, param.dtype, param.device, bits=bits, residual=k)
+        cache = QuantizedKVCache(config, 1, total, param.dtype, param.device, bits=bits, rollback=k)
     elif isinstance(cache, str):
         cache = make_cache(cache, config, 1, total, param.dtype, param.device)
     else:
@@ -313,10 +312,10 @@ def check_can_roll_back(cache: KVCache, k: int) -> None:
                          "'static', 'dynamic', 'paged', 'int8' or a SlidingWindowKVCache with rollback=k")
     if type(cache).crop is KVCache.crop:
         raise ValueError(f"{what}, and {type(cache).__name__} has no crop")
-    if isinstance(cache, QuantizedKVCache) and cache.residual < k:
-        raise ValueError(f"{what}, and this QuantizedKVCache keeps residual={cache.residual} positions "
-                         f"in full precision (only those can be cropped): build it with residual={k} "
-                         "or more, or pass cache='int8' / 'int4' to have it chosen")
+    if isinstance(cache, QuantizedKVCache) and cache.rollback < k:
+        raise ValueError(f"{what}, and this QuantizedKVCache keeps the exact values of rollback="
+                         f"{cache.rollback} extra positions (what a crop needs): build it with "
+                         f"rollback={k} or more, or pass cache='int8' / 'int4' to have it chosen")
     if isinstance(cache, SlidingWindowKVCache):
         if cache.renumbers_positions:
             raise ValueError(f"{what}; a SlidingWindowKVCache with positions='cache' feeds one token a "

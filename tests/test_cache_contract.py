@@ -84,7 +84,7 @@ def make(kind: str, dtype=torch.float32, batch: int = 1) -> KVCache:
         return cache
     if kind in ("int8", "int4"):
         return QuantizedKVCache(CFG, batch, MAX, dtype=dtype, bits=8 if kind == "int8" else 4,
-                                group_size=8, residual=6)
+                                group_size=8, residual=2, rollback=4)
     if kind == "window":
         return SlidingWindowKVCache(CFG, batch, window=6, sinks=2, rollback=3, dtype=dtype)
     return HeavyHitterKVCache(CFG, batch, budget=10, recent=3, sinks=1, dtype=dtype)
@@ -122,16 +122,16 @@ def test_crop_zero_empties_every_kind_and_crop_past_the_end_is_refused():
 def test_the_kinds_that_cannot_roll_back_say_what_they_can_do():
     ids = torch.randint(0, CFG.vocab_size, (1, 30))
     hh = make("heavy hitters")
-    q8 = QuantizedKVCache(CFG, 1, MAX, group_size=8, residual=4)  # the 4 newest tokens stay exact
+    q8 = QuantizedKVCache(CFG, 1, MAX, group_size=8, residual=4)  # no rollback
     win = SlidingWindowKVCache(CFG, 1, window=6, sinks=2)  # no rollback
     with torch.inference_mode():
         for cache in (hh, q8, win):
             MODEL(ids, cache=cache)
     with pytest.raises(ValueError, match="cannot roll back.*crop to 0"):
         hh.crop(29)
-    with pytest.raises(ValueError, match=r"0..25 are already quantized.*n >= 26 .*last 4 positions"):
-        q8.crop(20)
-    q8.crop(27)  # positions 26..29 (values per token) and 24..29 (keys in blocks of 8) are exact
+    # Values per token: 26 quantized, 26..29 exact; a cache fed 29 tokens would hold 25 exactly.
+    with pytest.raises(ValueError, match=r"crop\(n=29\).*can crop to n >= 30 .*rollback=R"):
+        q8.crop(29)
     with pytest.raises(ValueError, match=r"evicted.*n >= 29 or to 0.*rollback=R"):
         win.crop(26)
     win.crop(29)
@@ -307,7 +307,7 @@ class CacheMachine(RuleBasedStateMachine):
         cache = self.o.cache
         floor = 0
         if isinstance(cache, QuantizedKVCache):
-            floor = cache.quantized_positions()
+            floor = cache.crop_floor
         elif isinstance(cache, SlidingWindowKVCache):
             floor = max(0, cache.low[0] + cache.window - 1) if cache.low[0] > cache.sinks else 0
         n = data.draw(st.integers(min(floor, cache.seq_len), cache.seq_len))

@@ -88,14 +88,15 @@ def test_set_length_on_a_paged_cache_takes_and_returns_blocks():
     assert cache.blocks_in_use == 0 and cache.allocator.num_free == cache.num_blocks
 
 
-def test_a_quantized_cache_crops_only_what_is_still_in_full_precision():
-    cache = QuantizedKVCache(CFG, 1, 16, key_granularity="token", residual=2)
+def test_a_quantized_cache_crops_as_far_as_it_kept_exact_values():
+    cache = QuantizedKVCache(CFG, 1, 16, key_granularity="token", residual=2, rollback=1)
     for layer in range(CFG.n_layers):
-        cache.update(layer, *kv(5))  # per-token keys and values: 3 quantized, the newest 2 kept exact
-    cache.crop(3)
-    assert cache.seq_len == 3
-    with pytest.raises(ValueError, match=r"crop\(n=2\): positions 0..2 are already quantized.*n >= 3"):
-        cache.crop(2)
+        cache.update(layer, *kv(5))  # per token: 3 quantized, the newest 2 exact, 1 more kept exact
+    assert cache.crop_floor == 4
+    with pytest.raises(ValueError, match=r"crop\(n=3\).*can crop to n >= 4 .*rollback=R"):
+        cache.crop(3)
+    cache.crop(4)
+    assert cache.seq_len == 4
     cache.crop(0)
     assert cache.seq_len == 0
 

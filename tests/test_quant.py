@@ -123,7 +123,11 @@ def test_quantized_cache_reads_back_what_was_stored_within_tolerance(kwargs):
         k, v = kv(t, batch=2)
         ks.append(k)
         vs.append(v)
-        k_all, v_all = cache.update(0, k, v)
+        returned, _ = cache.update(0, k, v)
+        # what attention reads: every position as held now, then (for a chunk of several tokens
+        # that completes blocks) the views its earlier queries need; read() gives the first part
+        assert torch.equal(returned[:, :, :cache.lengths[0]], cache.read(0)[0])
+    k_all, v_all = cache.read(0)
     k_ref, v_ref = torch.cat(ks, dim=2), torch.cat(vs, dim=2)
     assert k_all.shape == k_ref.shape and k_all.dtype == torch.float32
     assert cache.lengths[0] == 43
@@ -135,7 +139,8 @@ def test_quantized_cache_reads_back_what_was_stored_within_tolerance(kwargs):
 def test_the_newest_unfinished_key_block_and_the_residual_window_are_exact():
     cache = QuantizedKVCache(CFG, 1, 100, group_size=8, residual=3)
     k, v = kv(21)
-    k_all, v_all = cache.update(0, k, v)
+    cache.update(0, k, v)
+    k_all, v_all = cache.read(0)  # as held after the pass
     # keys: 21 - 3 = 18 tokens could be quantized, in whole blocks of 8: 16; the last 5 are exact
     assert torch.equal(k_all[:, :, 16:], k[:, :, 16:]) and not torch.equal(k_all[:, :, :16], k[:, :, :16])
     # values (per token): everything but the 3 most recent is quantized

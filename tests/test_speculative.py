@@ -92,6 +92,8 @@ def target_cache(kind: str, total: int, k: int, window=(4, 1)):
     if kind == "window":
         return SlidingWindowKVCache(CFG, 1, window=window[0], sinks=window[1], rollback=k,
                                     dtype=torch.float64)
+    if kind in ("int8", "int4"):
+        return quantized(int(kind[3:]), total, residual=window[0] % 3, rollback=k)
     raise AssertionError(kind)
 
 
@@ -99,6 +101,8 @@ def plain_cache(kind: str, total: int, window=(4, 1)):
     """The same kind for plain decoding (a window without extra rollback room: it changes nothing)."""
     if kind == "window":
         return SlidingWindowKVCache(CFG, 1, window=window[0], sinks=window[1], dtype=torch.float64)
+    if kind in ("int8", "int4"):
+        return quantized(int(kind[3:]), total, residual=window[0] % 3)
     return target_cache(kind, total, 0, window)
 
 
@@ -114,7 +118,7 @@ def drafter_for(name: str, model: Transformer, seed: int, plain_tokens: list[int
     return NoisyOracle(plain_tokens, 0.7, seed)
 
 
-EXACT_KINDS = ["dynamic", "static", "paged", "paged2", "prefix", "window"]
+EXACT_KINDS = ["dynamic", "static", "paged", "paged2", "prefix", "window", "int8", "int4"]
 DRAFTERS = ["lookup", "early exit", "other model", "random", "oracle"]
 
 
@@ -155,8 +159,9 @@ ORACLE_TOLERANCE = {"static": (1e-5, 1e-4), "paged2": (1e-5, 1e-4), "window": (1
                     "int8": (1e-3, 0.02), "int4": (1e-2, 0.3)}
 
 
-def quantized(bits: int, total: int, residual: int, dtype=torch.float64):
-    return QuantizedKVCache(CFG, 1, total, dtype, bits=bits, group_size=4, residual=residual)
+def quantized(bits: int, total: int, residual: int, rollback: int = 0, dtype=torch.float64):
+    return QuantizedKVCache(CFG, 1, total, dtype, bits=bits, group_size=4, residual=residual,
+                            rollback=rollback)
 
 
 @pytest.mark.parametrize("kind", sorted(ORACLE_TOLERANCE))
@@ -170,8 +175,8 @@ def test_every_verify_pass_and_crop_checks_out_against_the_oracle(kind):
     fresh = {"static": lambda: StaticKVCache(CFG, 1, total, torch.float64),
              "paged2": lambda: target_cache("paged2", total, k),
              "window": lambda: target_cache("window", total, k),
-             "int8": lambda: quantized(8, total, residual=k),
-             "int4": lambda: quantized(4, total, residual=k)}[kind]
+             "int8": lambda: quantized(8, total, residual=0, rollback=k),
+             "int4": lambda: quantized(4, total, residual=0, rollback=k)}[kind]
     run = speculative_generate(model, prompt, new, RandomDrafter(0), k=k, cache=fresh())
     assert run.rejections, "a random drafter should be rejected at least once"
     atol, rtol = ORACLE_TOLERANCE[kind]
@@ -187,21 +192,21 @@ def test_every_verify_pass_and_crop_checks_out_against_the_oracle(kind):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_a_quantized_cache_built_by_name_gets_the_residual_it_needs(bits):
+def test_a_quantized_cache_built_by_name_gets_the_rollback_it_needs(bits):
     model, prompt = random_model(5), [3, 1, 4, 1, 5, 9]
     run = speculative_generate(model, prompt, 30, RandomDrafter(1), k=5, cache=f"int{bits}")
     assert len(run.rejections) > 0 and run.tokens.shape[1] == len(prompt) + 30
-    with pytest.raises(ValueError, match=r"residual=2 .*build it with residual=5"):
-        speculative_generate(model, prompt, 30, RandomDrafter(1), k=5, cache=quantized(bits, 36, 2))
+    with pytest.raises(ValueError, match=r"rollback=2 extra positions.*build it with rollback=5"):
+        speculative_generate(model, prompt, 30, RandomDrafter(1), k=5,
+                             cache=quantized(bits, 36, residual=0, rollback=2))
 
 
 def test_quantized_caches_agree_with_plain_decoding_on_the_shipped_model():
-    """A verify pass quantizes a key while later queries of the pass still read it, so a quantized
-    cache is not bitwise exact; on kvlab-tiny with int8 codes the tokens still agree."""
+    """In float32 too, on kvlab-tiny with int8 codes: the tokens of plain int8 decoding."""
     model = pretrained.load("kvlab-tiny")
     text = pretrained.corpus_text("held_out")
     ids, k = encode_bytes(text[3000:3060]), 4
-    plain = generate(model, ids, 40, cache=QuantizedKVCache(model.config, 1, 100, residual=k)).tokens
+    plain = generate(model, ids, 40, cache=QuantizedKVCache(model.config, 1, 100)).tokens
     run = speculative_generate(model, ids, 40, PromptLookupDrafter(), k=k, cache="int8")
     assert torch.equal(run.tokens, plain) and run.rejections
 

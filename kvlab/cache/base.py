@@ -6,7 +6,7 @@ left-padded batch shares one numbering). In every forward pass, for every layer,
 
     K, V = cache.update(layer, k, v)      # store the new k, v (B, H_kv, T, D); get what attention reads
     cache.key_positions(layer)            # the stream position of each key returned (None: 0..S-1)
-    cache.visible(query_pos, key_pos)     # which of them each new query may see
+    cache.visible(query_pos, key_pos, layer)   # which of them each new query may see
 
 and builds its attention mask from the last two, so a cache that keeps only some keys (a sliding
 window, heavy hitters) says itself which keys a query sees. Around that, every kind has
@@ -51,6 +51,7 @@ class KVCache:
     bytes_copied: int = 0  # bytes written into cache storage so far (copies included)
     allocations: int = 0   # tensors allocated for cache storage so far
     needs_queries: bool = False  # True: the model hands each layer's queries over before `update`
+    drops_keys: bool = False     # True: it keeps only some positions (a window, heavy hitters)
     renumbers_positions: bool = False  # True: rope_positions are not the stream positions
 
     # --- storing -------------------------------------------------------------------------------
@@ -72,9 +73,11 @@ class KVCache:
         position so far), which lets the model build one causal mask for all layers."""
         return None
 
-    def visible(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    def visible(self, query_positions: torch.Tensor, key_positions: torch.Tensor,
+                layer: int | None = None) -> torch.Tensor:
         """Which keys each new query may see: (T, S) bool, or (B, H_kv, T, S) for per-head keys.
-        The default is causal: a key at or before the query. Bounded kinds add their own rule."""
+        The default is causal: a key at or before the query. Bounded kinds add their own rule (and
+        a kind that hands back some positions twice, the quantized one, says which copy)."""
         return key_positions[..., None, :] <= query_positions[:, None]
 
     def max_chunk(self, t: int) -> int:

@@ -34,6 +34,7 @@ class HeavyHitterKVCache(KVCache):
     """
 
     needs_queries = True
+    drops_keys = True
 
     def __init__(self, config: ModelConfig | str, batch_size: int, budget: int, recent: int = 1,
                  sinks: int = 0, dtype=torch.float32, device="cpu"):

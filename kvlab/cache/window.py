@@ -44,6 +44,8 @@ class SlidingWindowKVCache(KVCache):
       (`max_chunk`); a padding mask is refused (the numbering would count the padding).
     """
 
+    drops_keys = True
+
     def __init__(self, config: ModelConfig | str, batch_size: int, window: int, sinks: int = 0,
                  dtype=torch.float32, device="cpu", positions: str = "original", rollback: int = 0):
         config = resolve(config)
@@ -154,7 +156,7 @@ class SlidingWindowKVCache(KVCache):
     def key_positions(self, layer: int) -> torch.Tensor:
         return self._returned[layer]
 
-    def visible(self, query_positions, key_positions):
+    def visible(self, query_positions, key_positions, layer=None):
         q, j = query_positions[:, None], key_positions[None, :]
         return (j <= q) & ((j < self.sinks) | (q - j < self.window))
 
