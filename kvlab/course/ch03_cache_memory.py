@@ -277,9 +277,10 @@ def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
     """The KV cache of `model` for `batch_size` sequences of `seq_len` tokens, in GiB.
 
     Recognises the usual slips and says which: K without V, query heads instead of KV heads,
-    decimal GB instead of GiB, bytes instead of GiB.
+    4-byte (fp32) elements, the batch forgotten, decimal GB instead of GiB (also rounded to a whole
+    number), MiB or bytes instead of GiB.
     """
-    from ..memory import GB, GiB, kv_cache_bytes
+    from ..memory import DTYPE_BITS, GB, GiB, MiB, kv_cache_bytes
 
     config = PRESETS[model]
     expected = kv_cache_bytes(config, seq_len, batch_size, dtype)
@@ -287,13 +288,22 @@ def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
     if value is None:
         return report(False, "", f"answer with a number of GiB (got {shown(answer)}): 2 (K and V) × "
                       "layers × KV heads × head_dim × tokens × batch × bytes per element ÷ 1024**3.")
+    element = DTYPE_BITS[dtype] / 8  # bytes
     slips = [
         (expected / GiB / 2, "that is half the answer: K alone. The cache holds K and V, a factor 2."),
         (expected / GiB * config.n_rep, f"{model} has {config.n_kv_heads} KV heads (shared by "
          f"{config.n_heads} query heads): use n_kv_heads, not n_heads."),
+        (expected / GiB * 4 / element, f"that counts 4 bytes an element (fp32); the cache is {dtype}: "
+         f"{element:g} bytes an element."),
+        (expected / GiB / batch_size, f"that is the cache of one sequence: multiply by the batch "
+         f"({batch_size} sequences, each with its own keys and values)."),
         (expected / GB, "that is decimal GB (10**9 bytes); the question asks for GiB (1024**3)."),
+        (expected / MiB, "that is in MiB (1024**2 bytes): divide by 1024 once more for GiB."),
         (expected, "that looks like bytes: the question asks for GiB (divide by 1024**3)."),
     ]
+    if value == round(expected / GB) != round(expected / GiB):
+        return report(False, "", f"{value:g} is the decimal figure, {expected / GB:.2f} GB (10**9 bytes), "
+                      "rounded; the question asks for GiB (1024**3 bytes): divide the bytes by 1024**3.")
     if close(value, expected / GiB, 1e-3):
         return report(True, f"Right: {expected:,} bytes = {expected / GiB:g} GiB.", "")
     for wrong, hint in slips:

@@ -227,7 +227,9 @@ def test_cache_size_checker(capsys):
     for wrong, hint in [(None, "answer with a number of GiB"), ("lots", "got 'lots'"),
                         (7, "K alone"), (98, "use n_kv_heads, not n_heads"),
                         (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
-                        (13, "PRESETS['qwen2.5-7b']")]:
+                        (28, "4 bytes an element (fp32)"), (1.75, "multiply by the batch (8"),
+                        (14 * 1024, "in MiB"), (15, "15.03 GB (10**9 bytes), rounded"),
+                        ("15.0", "rounded"), (13, "PRESETS['qwen2.5-7b']")]:
         assert bool(ch03.check_cache_size(wrong)) is False
         assert hint in capsys.readouterr().out, wrong
     assert ch03.check_cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8
