@@ -28,7 +28,8 @@ def test_a_one_element_array_or_tensor_is_read_as_its_number(answer):
 @settings(max_examples=60, deadline=None)
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_any_finite_float_reads_the_same_bare_in_an_array_or_in_a_tensor(x):
-    assert as_number(x) == as_number(np.array([x])) == as_number(torch.tensor([[x]], dtype=torch.float64)) == x
+    in_tensor = torch.tensor([[x]], dtype=torch.float64)
+    assert as_number(x) == as_number(np.array([x])) == as_number(in_tensor) == x
 
 
 NOT_A_NUMBER = {  # answer -> words the hint must contain
@@ -85,7 +86,8 @@ def test_a_pair_that_is_not_two_numbers_is_refused_naming_the_part(answer, words
 
 def test_two_number_checkers_accept_arrays_and_tensors():
     assert ch07.check_paged_blocks(np.array([39, 14])) and ch07.check_paged_blocks(torch.tensor([39, 14]))
-    assert ch07.check_paged_sequences_fit(np.array([102])) and ch07.check_paged_sequences_fit(torch.tensor(102.0))
+    assert ch07.check_paged_sequences_fit(np.array([102]))
+    assert ch07.check_paged_sequences_fit(torch.tensor(102.0))
     p, n = ch01.KV_WORK_EXERCISE["prompt_len"], ch01.KV_WORK_EXERCISE["new_tokens"]
     naive, cached = n * p + n * (n - 1) // 2, p + n - 1
     assert ch01.check_kv_work((naive, cached))  # the hints' arithmetic, as a reference
