@@ -90,13 +90,14 @@ def _shape_text(config) -> str:
     return f"{config.n_layers} layers × {config.n_kv_heads} KV heads × {config.head_dim} dims"
 
 
-def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 1,
+def plot_memory(model: str = "llama-2-7b", seq_len: int = 4096, batch_size: int = 1,
                 dtype: str = "fp16", gpu: str = "A100 80GB", layers: int | None = None,
                 kv_heads: int | None = None, head_dim: int | None = None):
     """Memory against sequence length for one model, batch, cache dtype and GPU.
 
     Returns (Figure, readout text). The readout gives the cache size, whether it fits next to the
-    fp16 weights, the longest context that fits and the most concurrent sequences that fit (from
+    fp16 weights and the CUDA context (`kvlab.memory.CUDA_CONTEXT_BYTES`, as chapter 03's planner
+    counts it), the longest context that fits and the most concurrent sequences that fit (from
     `kvlab.memory.plan`, no reserve for activations). Settings that do not fit (even the weights
     alone) draw the plot and say so; an invalid custom shape draws an empty plot and the reason.
     Unknown names (model, dtype, GPU) and a non-positive seq_len or batch_size raise ValueError.
@@ -131,16 +132,19 @@ def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
         + f" · {g.name}: {fmt(g.memory_bytes)}",
     ]
     total = weights + p.cache_bytes
+    ctx = p.context_bytes            # the CUDA context takes this much before anything is loaded
+    usable = g.memory_bytes - ctx
     if p.free_for_cache < 0:
-        note = f"The weights alone ({fmt(weights)}) do not fit on {g.name} ({fmt(g.memory_bytes)})"
+        note = f"The weights alone ({fmt(weights)}) do not fit on {g.name} ({fmt(usable)} usable)"
         lines.append(f"✗ {note}: no room for any cache.")
     elif p.fits:
         note = ""
-        lines.append(f"✓ Fits: {fmt(total)} used, {fmt(g.memory_bytes - total)} to spare.")
+        lines.append(f"✓ Fits: {fmt(total + ctx)} used (weights + cache + {ctx / memory.GiB:.2f} GiB "
+                     f"CUDA context), {fmt(usable - total)} to spare.")
     else:
-        note = f"Does not fit: needs {fmt(total)}"
-        lines.append(f"✗ Does not fit: needs {fmt(total)}, {fmt(total - g.memory_bytes)} more "
-                     f"than {g.name} holds.")
+        note = f"Does not fit: needs {fmt(total + ctx)}"
+        lines.append(f"✗ Does not fit: needs {fmt(total + ctx)} with the {ctx / memory.GiB:.2f} GiB "
+                     f"CUDA context, {fmt(total - usable)} more than {g.name} holds.")
     trained = "" if custom else f" (the model was trained for up to {config.max_seq_len:,})"
     lines.append(f"Longest context that fits at batch {batch_size}: "
                  + (f"{p.max_context:,} tokens{trained}." if p.max_context else "none."))
@@ -155,7 +159,7 @@ def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
         lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained_for:,} {config.name} was trained for "
                      "(shaded): the memory is real, the model's quality there is not.")
     fig = plot_memory_vs_seq_len(
-        seq_lens, weights, cache, g.memory_bytes, g.name, seq_len, p.max_context,
+        seq_lens, weights, cache, usable, f"{g.name} less the\nCUDA context", seq_len, p.max_context,
         title=f"{label}, batch {batch_size}, {dtype} cache on {g.name}",
         cache_label=f"KV cache ({dtype}, batch {batch_size})",
         weight_label="weights: not counted" if custom else f"weights ({WEIGHT_DTYPE})", note=note,
@@ -229,7 +233,7 @@ def memory_explorer():
     import ipywidgets as w
 
     style, wide = {"description_width": "90px"}, w.Layout(width="420px")
-    model = w.Dropdown(options=memory_models(), value="llama-7b", description="model",
+    model = w.Dropdown(options=memory_models(), value="llama-2-7b", description="model",
                        style=style, layout=wide)
     layers = w.BoundedIntText(value=32, min=1, max=1000, description="layers", style=style)
     kv_heads = w.BoundedIntText(value=32, min=1, max=1024, description="KV heads", style=style)
