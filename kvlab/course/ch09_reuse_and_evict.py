@@ -181,9 +181,9 @@ def plot_loss_along_stream(curves: dict, window: int | None = None, trained: int
 
 # ---- the real model: SmolLM2-135M-Instruct -----------------------------------------------------
 
-REAL_STREAM = 192     # tokens a stream: three times the budget, so most positions are past the window
+REAL_STREAM = 144     # tokens a stream: three times the budget, so most positions are past the window
 REAL_STREAMS = 2
-REAL_BUDGET = 64      # positions kept by every bounded policy
+REAL_BUDGET = 48      # positions kept by every bounded policy
 REAL_BLOCK = 16       # positions a unit of the paired standard error
 
 
@@ -394,6 +394,7 @@ def plot_offload(tokens, seconds: dict, title: str):
 
 SHARED_BLOCKS_EXERCISE = {"users": 20, "prefix_len": 1000, "suffix_len": 200, "block_size": 16}
 WINDOW_BYTES_EXERCISE = {"model": "mistral-7b", "window": 4096, "batch_size": 8, "dtype": "fp16"}
+WINDOW_STREAM_TOKENS = 100_000   # each stream's length so far, in the exercise's text
 
 
 def check_shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["users"],
@@ -421,6 +422,16 @@ def check_shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["user
     for wrong, hint in slips:
         if prefix_len % block_size and value == wrong and value != s.blocks_shared:
             return report(False, "", hint)
+    likely = [(own, f"that is one user's blocks; {users} users each hold their own part."),
+              (full, "those are only the shared prefix blocks: add each user's own blocks."),
+              (ceil, "those are only the prefix's blocks: add each user's own blocks."),
+              (prefix_len + users * suffix_len, "that counts tokens: the question asks for blocks of "
+               f"{block_size} tokens."),
+              (full + users * suffix_len / block_size, "blocks are whole: each user's own part is "
+               "ceil((prefix + suffix) / block_size) − the shared full blocks, rounded up.")]
+    for wrong, hint in likely:
+        if value == wrong and value != s.blocks_shared:
+            return report(False, "", hint)
     return numeric(answer, s.blocks_shared, 1e-9,
                    f"Right: {full} full prefix blocks held once + {users} × "
                    f"{s.blocks_alone // users - full} blocks of each user's own.",
@@ -438,9 +449,22 @@ def check_window_cache_gib(answer, model: str = WINDOW_BYTES_EXERCISE["model"],
     config = PRESETS[model]
     expected = kv_cache_bytes(config, window, batch_size, dtype) / GiB
     value = as_number(answer)
-    if close(value, kv_cache_bytes(config, config.max_seq_len, batch_size, dtype) / GiB, 1e-3):
-        return report(False, "", f"that is the full {config.max_seq_len:,}-token context; a sliding "
-                      f"window keeps only the last {window:,} tokens.")
+    per_head = expected * config.n_heads / config.n_kv_heads
+    likely = [(kv_cache_bytes(config, config.max_seq_len, batch_size, dtype) / GiB,
+               f"that is the full {config.max_seq_len:,}-token context; a sliding window keeps only the "
+               f"last {window:,} tokens."),
+              (kv_cache_bytes(config, WINDOW_STREAM_TOKENS, batch_size, dtype) / GiB,
+               f"that is the whole {WINDOW_STREAM_TOKENS:,}-token stream; the window keeps only the last "
+               f"{window:,} tokens, however long the stream."),
+              (expected / batch_size, f"that is one stream: the batch holds {batch_size}."),
+              (expected / 2, "K and V are both cached: the factor 2."),
+              (expected * 2, "FP16 is 2 bytes a value (that is fp32's 4)."),
+              (per_head, f"{config.n_kv_heads} KV heads are cached, not the {config.n_heads} query "
+               "heads (grouped-query attention)."),
+              (expected * GiB / 1e9, "that is GB (10**9 bytes): the question asks for GiB (1024**3).")]
+    for wrong, hint in likely:
+        if close(value, wrong, 1e-3) and not close(value, expected, 1e-3):
+            return report(False, "", hint)
     return numeric(answer, expected, 1e-3,
                    f"Right: {window:,} positions × batch {batch_size}, however long the streams get.",
                    f"2 × layers × KV heads × head_dim × {window:,} (the window, not the stream) × "
