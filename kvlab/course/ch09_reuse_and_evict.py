@@ -220,6 +220,7 @@ def plot_sink_heatmap(mass, uniform: float, title: str = "SmolLM2-135M: attentio
     ax.set_xlabel("query head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(mass.shape[1]))
+    ax.grid(False)
     ax.set_title(f"{title}\n(uniform attention would give it {uniform:.1%})", fontsize=10)
     return fig
 
