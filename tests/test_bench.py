@@ -16,7 +16,7 @@ import torch
 from needs import require
 
 from kvlab import PRESETS, bench, memory
-from kvlab.bench import cli, report
+from kvlab.bench import cli, report, sweeps
 from kvlab.env import cpp_compiler
 from kvlab.model import Transformer
 
@@ -120,7 +120,7 @@ def test_sweeps_and_files(tmp_path):
     torch.manual_seed(0)
     model = Transformer(TINY).eval()
     rows = bench.sweep_lengths(model, [4], repeats=2)
-    assert [r["method"] for r in rows] == ["naive", "cached (static)", "fast eager"]
+    assert [r["method"] for r in rows] == [sweeps.NAIVE, sweeps.CACHED, sweeps.FAST]
     assert all(r["repeats"] == 2 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["tokens_per_s"] == pytest.approx(4 / rows[0]["median_s"])
     modes = bench.sweep_modes(model, 4, ["eager"], repeats=1)

@@ -17,12 +17,12 @@ from .style import (
     PROMPT_FACE,
     Verdict,
     arrow,
-    as_number,
+    as_numbers,
     box,
     log_log,
     new_figure,
+    numbers_hint,
     report,
-    shown,
 )
 
 
@@ -263,11 +263,10 @@ def check_kv_work(answer, prompt_len: int = KV_WORK_EXERCISE["prompt_len"],
     """Ch 01: K/V rows one layer computes to generate `new_tokens` tokens after a prompt of
     `prompt_len` tokens; answer = (naive_rows, cached_rows)."""
     p, n = prompt_len, new_tokens
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return report(False, "", "answer with two numbers: answer = (naive_rows, cached_rows).")
-    naive, cached = (as_number(a) for a in answer)
-    if naive is None or cached is None:
-        return report(False, "", f"both entries must be numbers; got {shown(answer)}.")
+    got = as_numbers(answer, 2)
+    if got is None:
+        return report(False, "", numbers_hint(answer, ("naive_rows", "cached_rows")))
+    naive, cached = got
     want_naive, want_cached = _kv_rows(p, n)
     if naive == want_naive and cached == want_cached:
         return report(True, f"Right: naive {want_naive:,} rows, cached {want_cached:,} rows "
