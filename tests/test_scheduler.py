@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlab import PRESETS, memory, roofline
-from kvlab.cache import PrefixKVStore
-from kvlab.cache.ragged import RaggedPagedKVCache
+from kvlab.cache import PrefixKVStore, RaggedPagedKVCache
 from kvlab.config import ModelConfig
 from kvlab.generate import generate
 from kvlab.model import Transformer
