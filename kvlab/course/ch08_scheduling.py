@@ -97,7 +97,7 @@ def plot_timeline(run, ax=None, title: str = "", unit: str = "s", max_requests: 
     ax.set_title(title or run.policy, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     handles = [Patch(color=PHASES[p][0], label=PHASES[p][1]) for p in ("waiting", "prefill", "decode")]
-    ax.legend(handles=handles, fontsize=7, loc="lower right", ncols=3)
+    ax.legend(handles=handles, fontsize=7, loc="upper right", ncols=3)
     return fig if fig is not None else ax.figure
 
 
