@@ -434,3 +434,12 @@ def test_speculative_tokens_that_differ_fail_the_run(tmp_path, monkeypatch):
         cli.main(["--quick", "--sweeps", "speculative", "--repeats", "1", "--out", str(tmp_path),
                   "--stem", "bad-spec", "--no-progress"])
     assert "NOT met" in (tmp_path / "bad-spec.md").read_text()
+
+
+def test_scheduler_sweep_quick_run(tmp_path):
+    result = cli.main(["--quick", "--repeats", "1", "--sweeps", "scheduler", "--out", str(tmp_path),
+                       "--stem", "sched", "--no-progress"])
+    rows = [r for r in result["rows"] if r["sweep"] == "scheduler"]
+    assert {r["method"] for r in rows} >= {"one at a time", "static, batches of 8", "continuous, budget 64"}
+    assert all(r["tokens_identical"] for r in rows) and rows[0]["speedup_vs_one_at_a_time"] == 1.0
+    assert "Serving a stream of requests" in (tmp_path / "sched.md").read_text()
