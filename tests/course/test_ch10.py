@@ -191,10 +191,14 @@ def test_a_wrong_crop_gets_a_hint(crop, capsys):
 
 def test_the_exercise_cache_calls_the_learners_crop():
     calls = []
-    cache = ch10.ExerciseKVCache(pretrained.load("kvlab-tiny").config, lambda c, n: calls.append(n))
-    cache.update(0, torch.zeros(1, 4, 3, 32), torch.zeros(1, 4, 3, 32))
+    config = pretrained.load("kvlab-tiny").config
+    cache = ch10.ExerciseKVCache(config, lambda c, n: calls.append(n))
+    for layer in range(config.n_layers):
+        cache.update(layer, torch.zeros(1, 4, 3, 32), torch.zeros(1, 4, 3, 32))
     cache.crop(2)
     assert calls == [2]
+    with pytest.raises(ValueError, match="n=4"):   # kvlab's range check comes first
+        cache.crop(4)
 
 
 CHECKERS = [ch10.check_tokens_per_step, ch10.check_positions_kept, ch10.check_crop]
