@@ -12,7 +12,6 @@ import json
 
 import pytest
 from uihelpers import (
-    Explorer,
     cells,
     error_report,
     explorers,
