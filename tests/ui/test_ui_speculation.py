@@ -71,6 +71,11 @@ def test_play_advances_the_slider_scrubs_and_the_drafter_switches(lab_server, pa
                            arg=explorer.root.element_handle(), timeout=120_000, polling=200)
     settings, readout = explorer.wait_redrawn(before, _expected)
     assert int(settings["step"]) == last
+    # Play stops on its first tick after the last step: wait for that, or a scrub would restart it.
+    page.wait_for_function("""(root) => {
+        const icon = root.querySelector('.widget-play button i');
+        return icon && icon.className.includes('fa-play'); }""",
+                           arg=explorer.root.element_handle(), timeout=60_000, polling=200)
     explorer.root.screenshot(path=screenshot_dir / "speculation-1-played.png")
 
     # Scrub with the slider: back to the first step, one on, then to the last.
