@@ -274,12 +274,13 @@ def _draw_cache(ax, f: SpecFrame) -> None:
 
 def speculation_explorer():
     """Play through a speculative decode of kvlab-tiny: the step slider (or Play) moves through the
-    steps, the drafter dropdown chooses who guesses. Frames are recorded once per drafter."""
+    steps (counted from 1; the drawing functions take the index, step - 1), the drafter dropdown
+    chooses who guesses. Frames are recorded once per drafter."""
     import ipywidgets as w
 
-    last = EXPLORER_STEPS - 1
-    step = w.IntSlider(value=0, min=0, max=last, description="step", continuous_update=True)
-    play = w.Play(value=0, min=0, max=last, step=1, interval=1500, description="Play")
+    last = EXPLORER_STEPS   # the slider counts steps from 1, as the picture and the readout do
+    step = w.IntSlider(value=1, min=1, max=last, description="step", continuous_update=True)
+    play = w.Play(value=1, min=1, max=last, step=1, interval=1500, description="Play")
     w.jslink((play, "value"), (step, "value"))
     drafter = w.Dropdown(options=list(DRAFTERS), value=DRAFTERS[0], description="drafter",
                          layout=w.Layout(width="260px"))
@@ -288,7 +289,7 @@ def speculation_explorer():
 
     def draw(step, drafter):
         frames = speculation_frames(drafter)
-        return plot_speculation_step(frames, step), speculation_readout(frames, step)
+        return plot_speculation_step(frames, step - 1), speculation_readout(frames, step - 1)
 
     out = explorer_plot(draw, {"step": step, "drafter": drafter}, readout)
     out.layout.height = "440px"

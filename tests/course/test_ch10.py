@@ -93,9 +93,11 @@ def test_explorer_redraws_on_a_control_change():
     assert {"step", "drafter", "Play"} <= set(controls)
     readout = [w for w in walk(box) if "kvlab-readout" in w._dom_classes][0]
     assert shown(readout) == ch10.speculation_readout(ch10.speculation_frames(ch10.DRAFTERS[0]), 0)
-    controls["step"].value = 5
+    assert (controls["step"].min, controls["step"].max) == (1, ch10.EXPLORER_STEPS)
+    controls["step"].value = 6
     controls["drafter"].value = "kvlab-tiny-draft"
     assert shown(readout) == ch10.speculation_readout(ch10.speculation_frames("kvlab-tiny-draft"), 5)
+    assert shown(readout).startswith("step 6 of")
 
 
 # --- the figures ----------------------------------------------------------------------------------

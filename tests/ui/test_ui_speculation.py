@@ -42,13 +42,13 @@ def _expected(settings: dict[str, str]) -> str:
     from kvlab.course import ch10_speculative_decoding as ch10
 
     drafter = settings.get("drafter", ch10.DRAFTERS[0])
-    return ch10.speculation_readout(ch10.speculation_frames(drafter), int(settings["step"]))
+    return ch10.speculation_readout(ch10.speculation_frames(drafter), int(settings["step"]) - 1)
 
 
 def test_play_advances_the_slider_scrubs_and_the_drafter_switches(lab_server, page, screenshot_dir):
     from kvlab.course import ch10_speculative_decoding as ch10
 
-    last = ch10.EXPLORER_STEPS - 1
+    last = ch10.EXPLORER_STEPS   # the slider counts steps from 1
     name = _notebook(lab_server.root)
     open_notebook(page, f"{lab_server.url}/lab/tree/{name}?reset")
     run_all(page)
@@ -58,7 +58,7 @@ def test_play_advances_the_slider_scrubs_and_the_drafter_switches(lab_server, pa
     assert not wait_widgets_rendered(page, 1)
     (explorer,) = explorers(page, all_cells)
     explorer.wait_ready()
-    assert int(explorer.settings()["step"]) == 0
+    assert int(explorer.settings()["step"]) == 1
     assert explorer.readout() == normalize(_expected(explorer.settings()))
     explorer.root.screenshot(path=screenshot_dir / "speculation-0-start.png")
 
@@ -79,12 +79,12 @@ def test_play_advances_the_slider_scrubs_and_the_drafter_switches(lab_server, pa
     explorer.root.screenshot(path=screenshot_dir / "speculation-1-played.png")
 
     # Scrub with the slider: back to the first step, one on, then to the last.
-    for key, want in (("Home", 0), ("ArrowRight", 1), ("End", last)):
+    for key, want in (("Home", 1), ("ArrowRight", 2), ("End", last)):
         before = explorer.snapshot()
         explorer.press("step", key)
         settings, readout = explorer.wait_redrawn(before, _expected)
         assert int(settings["step"]) == want
-    assert f"step {last + 1} of {last + 1}" in readout
+    assert f"step {last} of {last}" in readout
 
     # The other drafter: another recording, the same step.
     before = explorer.snapshot()
