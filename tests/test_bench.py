@@ -16,7 +16,7 @@ import torch
 from needs import require
 
 from kvlab import PRESETS, bench, memory
-from kvlab.bench import cli, report
+from kvlab.bench import cli, report, sweeps
 from kvlab.env import cpp_compiler
 from kvlab.model import Transformer
 
@@ -120,7 +120,7 @@ def test_sweeps_and_files(tmp_path):
     torch.manual_seed(0)
     model = Transformer(TINY).eval()
     rows = bench.sweep_lengths(model, [4], repeats=2)
-    assert [r["method"] for r in rows] == ["naive", "cached (static)", "fast eager"]
+    assert [r["method"] for r in rows] == [sweeps.NAIVE, sweeps.CACHED, sweeps.FAST]
     assert all(r["repeats"] == 2 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["tokens_per_s"] == pytest.approx(4 / rows[0]["median_s"])
     modes = bench.sweep_modes(model, 4, ["eager"], repeats=1)
@@ -434,3 +434,12 @@ def test_speculative_tokens_that_differ_fail_the_run(tmp_path, monkeypatch):
         cli.main(["--quick", "--sweeps", "speculative", "--repeats", "1", "--out", str(tmp_path),
                   "--stem", "bad-spec", "--no-progress"])
     assert "NOT met" in (tmp_path / "bad-spec.md").read_text()
+
+
+def test_scheduler_sweep_quick_run(tmp_path):
+    result = cli.main(["--quick", "--repeats", "1", "--sweeps", "scheduler", "--out", str(tmp_path),
+                       "--stem", "sched", "--no-progress"])
+    rows = [r for r in result["rows"] if r["sweep"] == "scheduler"]
+    assert {r["method"] for r in rows} >= {"one at a time", "static, batches of 8", "continuous, budget 64"}
+    assert all(r["tokens_identical"] for r in rows) and rows[0]["speedup_vs_one_at_a_time"] == 1.0
+    assert "Serving a stream of requests" in (tmp_path / "sched.md").read_text()

@@ -56,16 +56,25 @@ def result_row(sweep: str, method: str, times: list[float], tokens: int, **extra
             "min_s": min(times), "max_s": max(times), "tokens_per_s": tokens / m}
 
 
+# The three code paths of `sweep_lengths`, named by what runs.
+NAIVE = "naive: generate(cache=None)"
+CACHED = "cached: generate(cache='static')"
+FAST = "fast: fast_generate (eager)"
+
+
 def sweep_lengths(model: Transformer, lengths: Sequence[int], prompt_len: int = 8, repeats: int = 3,
                   progress: bool = False, clock: str = "wall") -> list[dict]:
-    """Naive (no cache) vs cached decoding vs the fixed-shape decoder, tokens/s per length."""
+    """Tokens/s per length of three code paths: naive (`generate`, no cache: every step a full
+    forward pass), cached (`generate(cache="static")`: the model's own forward with a StaticKVCache,
+    attention over the filled positions only) and fast (`kvlab.fast.fast_generate`, eager: the
+    fixed-shape step, attention over all S_max slots of its buffer under a mask)."""
     device = next(model.parameters()).device
     ids = random_prompt(model.config, 1, prompt_len, device)
     rows = []
     for n in lengths:
-        fns = {"naive": lambda n=n: generate(model, ids, n, cache=None),
-               "cached (static)": lambda n=n: generate(model, ids, n, cache="static"),
-               "fast eager": lambda n=n: fast_generate(model, ids, n)}
+        fns = {NAIVE: lambda n=n: generate(model, ids, n, cache=None),
+               CACHED: lambda n=n: generate(model, ids, n, cache="static"),
+               FAST: lambda n=n: fast_generate(model, ids, n)}
         times = time_interleaved(fns, repeats, 1, device, progress, f"length {n}", clock)
         rows += [result_row("lengths", k, v, n, new_tokens=n, batch=1, clock=clock) for k, v in times.items()]
     return rows
