@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvlab.attention import attention, causal_mask, naive_attention, repeat_kv
+from kvlab.attention import attention, causal_mask, naive_attention, repeat_kv, shares_heads_without_copy
 
 
 def test_causal_mask_lets_each_query_see_itself_and_earlier():
@@ -38,3 +38,44 @@ def test_masked_keys_do_not_matter():
     k2[:, :, 2:] += 100.0
     v2[:, :, 2:] -= 100.0
     torch.testing.assert_close(attention(q, k, v, mask), attention(q, k2, v2, mask))
+
+
+@pytest.mark.parametrize("n_kv_heads", [2, 1])
+@pytest.mark.parametrize("q_len, k_len", [(1, 9), (5, 5)])
+def test_gqa_without_copies_equals_attention_over_copied_heads(n_kv_heads, q_len, k_len):
+    """Sharing K/V heads inside the kernel (enable_gqa) gives exactly what attention over the
+    repeat_kv copies gives, with and without a mask."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, q_len, 16, generator=g)
+    k = torch.randn(2, n_kv_heads, k_len, 16, generator=g)
+    v = torch.randn(2, n_kv_heads, k_len, 16, generator=g)
+    n_rep = 4 // n_kv_heads
+    for mask in (None, causal_mask(q_len, k_len)):
+        copied = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)
+        assert torch.equal(attention(q, k, v, mask), copied)
+
+
+def test_gqa_on_the_cpu_makes_no_full_size_copy_of_k_and_v():
+    """On the CPU (PyTorch >= 2.5) no tensor of the expanded (B, H, S, D) shape is ever built."""
+    if not shares_heads_without_copy(torch.zeros(1, device="cpu"), None):
+        pytest.skip("this PyTorch's scaled_dot_product_attention has no enable_gqa (before 2.5)")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    expanded = (1, 8, 64, 16)
+    shapes = []
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor):
+                    shapes.append(tuple(t.shape))
+            return out
+
+    q, k, v = torch.randn(1, 8, 1, 16), torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16)
+    with Shapes():
+        attention(q, k, v)
+    assert shapes and expanded not in shapes
+    with Shapes():
+        attention(q, repeat_kv(k, 4), repeat_kv(v, 4))   # the copying way does build it
+    assert expanded in shapes

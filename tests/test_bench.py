@@ -459,3 +459,12 @@ def test_machine_records_how_openmp_threads_wait(monkeypatch):
     assert bench.machine("cpu")["omp_wait_policy"] == "PASSIVE"
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert bench.machine("cpu")["omp_wait_policy"].startswith("unset")
+
+
+def test_scheduler_sweep_quick_run(tmp_path):
+    result = cli.main(["--quick", "--repeats", "1", "--sweeps", "scheduler", "--out", str(tmp_path),
+                       "--stem", "sched", "--no-progress"])
+    rows = [r for r in result["rows"] if r["sweep"] == "scheduler"]
+    assert {r["method"] for r in rows} >= {"one at a time", "static, batches of 8", "continuous, budget 64"}
+    assert all(r["tokens_identical"] for r in rows) and rows[0]["speedup_vs_one_at_a_time"] == 1.0
+    assert "Serving a stream of requests" in (tmp_path / "sched.md").read_text()

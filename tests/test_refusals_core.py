@@ -169,7 +169,7 @@ def test_a_quantized_cache_refuses_k_and_v_of_different_lengths():
     k, _ = kv(3)
     _, v = kv(4)
     assert "but v (1, 2, 4, 16): they must match" in message(lambda: cache.update(0, k, v))
-    assert cache.seq_len == 0 and cache.sides["k"].window[0].shape[1] == 0  # nothing stored
+    assert cache.seq_len == 0 and cache.read(0)[0].shape[2] == 0  # nothing stored
 
 
 WRONG_SHAPES = [

@@ -232,11 +232,11 @@ def test_every_chapter_page_launches_colab_at_repo_and_offers_the_notebook(built
 def test_links_to_the_site_or_repository_files_stay_inside_the_site_or_go_to_github():
     pages = {"README.md", "docs/glossary.md", "notebooks/06_gpu_decoder.ipynb"}
     text = (f"[g]({colab.site_url('docs/glossary.html#kv-cache')}) [b](../benchmarks/) "
-            "[m](../kvlab/cache.py) [n](06_gpu_decoder.ipynb) [w](https://example.org/x) [a](#here) "
+            "[m](../kvlab/cache/base.py) [n](06_gpu_decoder.ipynb) [w](https://example.org/x) [a](#here) "
             f"[r](../README.md#set-up) [i]({colab.site_url()})")
     assert site.rewrite_links(text, "notebooks/06_gpu_decoder.ipynb", pages) == (
         f"[g](../docs/glossary.md#kv-cache) [b]({colab.repo_url('benchmarks/')}) "
-        f"[m]({colab.repo_url('kvlab/cache.py')}) [n](06_gpu_decoder.ipynb) "
+        f"[m]({colab.repo_url('kvlab/cache/base.py')}) [n](06_gpu_decoder.ipynb) "
         "[w](https://example.org/x) [a](#here) [r](../index.md#set-up) [i](../index.md)")
 
 

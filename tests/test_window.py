@@ -262,3 +262,29 @@ def test_static_cache_is_unaffected(tiny):
     ids = torch.tensor([PROMPT])
     cache = StaticKVCache(tiny.config, 1, len(PROMPT))
     torch.testing.assert_close(feed(tiny, ids, cache), tiny(ids))
+
+
+def test_paired_difference_over_streams_and_over_blocks():
+    from kvlab.eviction import paired_difference
+
+    ref = torch.zeros(2, 8)
+    a = torch.tensor([[1.0] * 8, [3.0] * 8])
+    assert paired_difference(a, ref) == pytest.approx((2.0, 1.0, 2))
+    blocks = torch.arange(16.0).view(2, 8)
+    mean, se, n = paired_difference(blocks, ref, start=2, block=3)
+    units = torch.tensor([3.0, 6.0, 11.0, 14.0])   # blocks 2..4, 5..7 of each row
+    assert n == 4 and mean == pytest.approx(units.mean().item())
+    assert se == pytest.approx(units.std().item() / 2)
+    with pytest.raises(ValueError, match="same shape"):
+        paired_difference(a, torch.zeros(2, 7))
+    with pytest.raises(ValueError, match="at least 2 units"):
+        paired_difference(a[:1], ref[:1])
+
+
+def test_bounded_cache_numbers_window_keys_as_asked(tiny):
+    from kvlab.eviction import bounded_cache
+
+    assert bounded_cache("window", tiny.config, 1, 8).positions == "cache"
+    assert bounded_cache("sinks + window", tiny.config, 1, 8, positions="original").positions == "original"
+    with pytest.raises(ValueError, match="positions='ring'"):
+        bounded_cache("window", tiny.config, 1, 8, positions="ring")

@@ -86,6 +86,10 @@ SECTIONS = {
                      "first_divergence", "acceptance_rate", "per_token_acceptance", "tokens_per_pass",
                      "draft_cost", "verify_cost", "expected_speedup", "expected_speedup_measured_verify",
                      "repeats"]),
+    "scheduler": ("Serving a stream of requests: one at a time, static batches, continuous batching",
+                  ["model", "method", "requests", "clock", "tokens_per_s", "median_s", "min_s", "max_s",
+                   "speedup_vs_one_at_a_time", "ttft_median_s", "tpot_median_s", "preemptions",
+                   "wasted_tokens", "peak_blocks", "tokens_identical", "repeats"]),
     "roofline": ("Roofline: bytes per decode step ÷ bandwidth",
                  ["method", "batch", "new_tokens", "tokens_per_s", "bound_tokens_per_s",
                   "bytes_per_step", "fraction_of_bandwidth", "bandwidth_source",
@@ -104,6 +108,12 @@ NOTES = {
                    "decode steps (c); verify_cost: the target's pass over k + 1 tokens in decode steps; "
                    "expected_speedup: (1 - α^(k+1)) / (1 - α) / (k·c + 1), the paper's formula, and with "
                    "verify_cost in place of 1.",
+    "scheduler": "Every request waits at the start; one timed call serves the whole stream "
+                 "(kvlab.scheduler). "
+                 "tokens_per_s: output tokens ÷ median time; ttft/tpot: medians over the requests on "
+                 "the run's own clock; wasted_tokens: tokens fed beyond each request's prompt + output "
+                 "− 1 (padding of static batches, recomputation after preemption); tokens_identical: "
+                 "every output is the request's greedy output generated alone.",
 }
 
 
@@ -139,6 +149,12 @@ def token_failures(result: dict) -> list[str]:
             f"{_fmt(r.get('teacher_forced_agreement'))}"
             for r in result["rows"]
             if r["sweep"] in COMPARISONS and r.get("dtype") == "fp32" and not r["tokens_identical"]]
+
+
+def scheduler_failures(result: dict) -> list[str]:
+    """The scheduler rows whose outputs are not each request's own greedy output (they must be)."""
+    return [f"{r['model']}, {r['method']}: an output differs from generating the request alone"
+            for r in result["rows"] if r["sweep"] == "scheduler" and r.get("tokens_identical") is False]
 
 
 def speculative_failures(result: dict) -> list[str]:

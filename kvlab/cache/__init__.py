@@ -8,6 +8,7 @@
 - `quantized`: `QuantizedKVCache` (int8 / int4 codes and scales), `quantized_cache_bytes`.
 - `paged`: `PagedKVCache` (a pool of blocks and block tables), `BlockAllocator`, `blocks_needed`.
 - `prefix`: `PrefixKVStore` / `SharedPagedKVCache` (shared prefix blocks, copy-on-write, an index).
+- `ragged`: `RaggedPagedKVCache` (rows of their own lengths packed into one pass: `kvlab.scheduler`).
 - `window`: `SlidingWindowKVCache` (a window with attention sinks).
 - `heavy_hitters`: `HeavyHitterKVCache` (keeps the keys attention used most, H2O).
 
@@ -29,6 +30,7 @@ from .heavy_hitters import HeavyHitterKVCache
 from .paged import BlockAllocator, OutOfBlocksError, PagedKVCache, blocks_needed
 from .prefix import PrefixKVStore, SharedPagedKVCache
 from .quantized import QuantizedKVCache, quantized_cache_bytes
+from .ragged import RaggedPagedKVCache
 from .window import SlidingWindowKVCache
 
 
@@ -57,6 +59,7 @@ def make_cache(kind: str, config: ModelConfig | str, batch_size: int, max_seq_le
 
 
 __all__ = ["CACHE_KINDS", "BlockAllocator", "DynamicKVCache", "HeavyHitterKVCache", "KVCache",
-           "OutOfBlocksError", "PagedKVCache", "PrefixKVStore", "QuantizedKVCache", "SharedPagedKVCache",
+           "OutOfBlocksError", "PagedKVCache", "PrefixKVStore", "QuantizedKVCache", "RaggedPagedKVCache",
+           "SharedPagedKVCache",
            "SlidingWindowKVCache", "StaticKVCache", "blocks_needed", "make_cache",
            "quantized_cache_bytes"]

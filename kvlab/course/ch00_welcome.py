@@ -6,37 +6,57 @@ import matplotlib.pyplot as plt
 
 from .style import Verdict, arrow, box, close, report
 
+# The course's chapters, in order: (number, title, what it builds or measures, group, explorer), where
+# `explorer` says whether the chapter ends in an interactive explorer. Chapters 08 and 10 are new.
 ROADMAP = [
-    ("01", "One token\nat a time", "naive decoding:\nO(n²) K/V rows"),
-    ("02", "The KV\ncache", "compute once,\nstore it: O(n) rows"),
-    ("03", "How big is\nthe cache?", "2·L·H_kv·D·S·B\n× bytes per value"),
-    ("04", "MHA → GQA\n→ MQA", "share K/V heads:\nfewer bytes"),
-    ("05", "FP16 →\nINT8", "quantize:\nfewer bits"),
-    ("06", "Fast on\nthe GPU", "static cache,\ngraphs, roofline"),
-    ("07", "Serving\nmany users", "batching,\npaging"),
-    ("08", "Review", "quiz, cheat sheet,\nplanning"),
-    ("09", "Reuse\nand evict", "prefix sharing,\nwindows, eviction"),
+    ("00", "Welcome", "how the course\nworks, terms", "start", False),
+    ("01", "One token\nat a time", "naive decoding:\nO(n²) K/V rows", "why", False),
+    ("02", "The KV\ncache", "compute once,\nstore it: O(n) rows", "why", True),
+    ("03", "How big is\nthe cache?", "2·L·H_kv·D·S·B\n× bytes per value", "size", True),
+    ("04", "MHA → GQA\n→ MQA", "share K/V heads:\nfewer bytes", "size", True),
+    ("05", "FP16 →\nINT8", "quantize:\nfewer bits", "size", True),
+    ("06", "Fast on\nthe GPU", "static cache,\ngraphs, roofline", "speed", False),
+    ("07", "Serving\nmany users", "batching,\npaging", "speed", False),
+    ("08", "Scheduling\nmany requests", "continuous batching,\nchunked prefill", "speed", True),
+    ("09", "Reuse\nand evict", "prefix sharing,\nwindows, eviction", "reuse", True),
+    ("10", "Speculative\ndecoding", "draft, verify,\nroll the cache back", "reuse", True),
+    ("11", "Review", "quiz, cheat sheet,\nplanning", "check", False),
 ]
+GROUPS = {  # group -> (label, colour)
+    "start": ("start", "#f5f5f5"), "why": ("why a cache", "#dbe9f6"),
+    "size": ("how big, and how to shrink it", "#fde2c8"), "speed": ("how fast, how many", "#d9f0d3"),
+    "reuse": ("reuse, bound, roll back", "#e8dff5"), "check": ("check", "#eeeeee"),
+}
+
+
+def chapters_with_explorers() -> list[str]:
+    """The numbers of the chapters that end in an explorer (sliders and drop-downs that redraw a plot)."""
+    return [num for num, _, _, _, explorer in ROADMAP if explorer]
 
 
 def plot_roadmap():
-    """The course at a glance: one box per chapter, grouped by the question it answers."""
-    fig, ax = plt.subplots(figsize=(12.2, 3.2), layout="constrained")
-    groups = {"why": ("#dbe9f6", range(0, 2)), "how big, and how to shrink it": ("#fde2c8", range(2, 5)),
-              "how fast / how many": ("#d9f0d3", range(5, 7)), "check": ("#eeeeee", range(7, 8)),
-              "reuse and bound": ("#e8dff5", range(8, 9))}
-    for label, (color, idx) in groups.items():
-        for i in idx:
-            num, title, note = ROADMAP[i]
-            box(ax, i * 1.35, 0.9, 1.15, 1.1, f"{num}\n{title}", color, fontsize=9)
-            ax.text(i * 1.35 + 0.575, 0.55, note, ha="center", va="top", fontsize=8, color="#444444")
-            if i:
-                arrow(ax, (i * 1.35 - 0.2, 1.45), (i * 1.35, 1.45))
-        ax.text(idx[0] * 1.35, 2.15, label, fontsize=9, fontweight="bold", color="#444444")
-    ax.set_xlim(-0.1, len(ROADMAP) * 1.35)
-    ax.set_ylim(-0.1, 2.4)
+    """The course at a glance: one box per chapter in two rows, coloured by the question it answers."""
+    from matplotlib.patches import Patch
+
+    per_row, step = 6, 1.35
+    fig, ax = plt.subplots(figsize=(9.4, 4.4), layout="constrained")
+    for i, (num, title, note, group, explorer) in enumerate(ROADMAP):
+        row, col = divmod(i, per_row)
+        x, y = col * step, 2.1 - row * 2.05
+        box(ax, x, y, 1.15, 1.1, f"{num}\n{title}", GROUPS[group][1], fontsize=9)
+        if explorer:
+            ax.text(x + 1.1, y + 1.05, "◆", ha="right", va="top", fontsize=8, color="#8172B2")
+        ax.text(x + 0.575, y - 0.1, note, ha="center", va="top", fontsize=8, color="#444444")
+        if col:
+            arrow(ax, (x - 0.2, y + 0.55), (x, y + 0.55))
+    handles = [Patch(facecolor=color, edgecolor="#333333", label=label) for label, color in GROUPS.values()]
+    handles.append(Patch(facecolor="white", edgecolor="white", label="◆ ends in an explorer"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=4, fontsize=8,
+              frameon=False)
+    ax.set_xlim(-0.1, per_row * step)
+    ax.set_ylim(-0.85, 3.3)
     ax.axis("off")
-    ax.set_title("The course: from the naive decoder to serving many users, and reusing their caches")
+    ax.set_title("The course: from the naive decoder to serving, reusing and rolling back caches")
     return fig
 
 

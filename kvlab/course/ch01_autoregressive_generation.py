@@ -17,12 +17,12 @@ from .style import (
     PROMPT_FACE,
     Verdict,
     arrow,
-    as_number,
+    as_numbers,
     box,
     log_log,
     new_figure,
+    numbers_hint,
     report,
-    shown,
 )
 
 
@@ -174,37 +174,42 @@ def plot_step_times(naive_seconds, cached_seconds,
     return fig
 
 
-def plot_growth_fit(n, values: dict, fits: dict, ylabel: str = "cumulative cost (relative to the last N)"):
-    """Log-log plot of cumulative costs with their fitted power-law lines and exponents.
+def plot_growth_fit(n, values: dict, fits: dict, scale_at: int | None = None, ylabel: str | None = None):
+    """Log-log plot (powers of two along x, as the chapter's other step-cost figures) of cumulative
+    costs with their fitted power-law lines and exponents.
 
     n: the N values (or a dict label -> N values, when the series were measured at different N);
     values: label -> cumulative cost at each N; fits: label -> (exponent, log-intercept) from
-    numpy.polyfit(log N, log cost, 1). Each series is scaled to 1 at its last N.
+    numpy.polyfit(log N, log cost, 1). Every series is scaled to 1 at the same N, `scale_at` (by
+    default the largest N all series share), so their slopes compare on one picture.
     """
     import numpy as np
 
+    ns_of = {label: np.asarray(n[label] if isinstance(n, dict) else n, dtype=float) for label in values}
+    shared = set.intersection(*(set(ns.tolist()) for ns in ns_of.values()))
+    scale_at = max(shared) if scale_at is None else scale_at
+    if float(scale_at) not in shared:
+        raise ValueError(f"scale_at={scale_at} must be an N every series was measured at; "
+                         f"shared: {sorted(int(x) for x in shared)}")
     fig, ax = new_figure(6.0, 3.8)
     colors = ["#C44E52", "#4C72B0", "#55A868", "#8172B2"]
     styles = ["o", "s", "^", "D"]
     for (label, vals), color, marker in zip(values.items(), colors, styles, strict=False):
-        ns = np.asarray(n[label] if isinstance(n, dict) else n, dtype=float)
-        vals = np.asarray(vals, dtype=float)
-        ax.plot(ns, vals / vals[-1], marker, ms=5, color=color, alpha=0.8)
+        ns, vals = ns_of[label], np.asarray(vals, dtype=float)
+        unit = vals[list(ns).index(scale_at)]
+        ax.plot(ns, vals / unit, marker, ms=5, color=color, alpha=0.8)
         slope, intercept = fits[label]
-        line = np.exp(intercept) * ns ** slope
-        ax.plot(ns, line / vals[-1], "-", color=color, alpha=0.6,
+        ax.plot(ns, np.exp(intercept) * ns ** slope / unit, "-", color=color, alpha=0.6,
                 label=f"{label}: exponent {slope:.2f}")
-    every = np.concatenate([np.asarray(v, dtype=float) for v in n.values()]) if isinstance(n, dict) \
-        else np.asarray(n, dtype=float)
+    every = np.concatenate(list(ns_of.values()))
     ref = np.geomspace(every.min(), every.max(), 20)
-    ax.plot(ref, (ref / ref[-1]) ** 2, ":", color="gray", label="∝ N² (reference)")
-    ax.plot(ref, ref / ref[-1], "--", color="gray", lw=1, label="∝ N (reference)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens generated, N")
-    ax.set_ylabel(ylabel)
-    ax.set_title("Naive decoding: total work grows like N²", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.plot(ref, (ref / scale_at) ** 2, ":", color="gray", label="∝ N² (reference)")
+    ax.plot(ref, ref / scale_at, "--", color="gray", lw=1, label="∝ N (reference)")
+    ticks = sorted({int(x) for x in every})
+    ylabel = ylabel or f"cumulative cost (1 at N = {int(scale_at)})"
+    log_log(ax, "tokens generated, N", ylabel, "Naive decoding: total work grows like N²")
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     return fig
 
 
@@ -258,11 +263,10 @@ def check_kv_work(answer, prompt_len: int = KV_WORK_EXERCISE["prompt_len"],
     """Ch 01: K/V rows one layer computes to generate `new_tokens` tokens after a prompt of
     `prompt_len` tokens; answer = (naive_rows, cached_rows)."""
     p, n = prompt_len, new_tokens
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return report(False, "", "answer with two numbers: answer = (naive_rows, cached_rows).")
-    naive, cached = (as_number(a) for a in answer)
-    if naive is None or cached is None:
-        return report(False, "", f"both entries must be numbers; got {shown(answer)}.")
+    got = as_numbers(answer, 2)
+    if got is None:
+        return report(False, "", numbers_hint(answer, ("naive_rows", "cached_rows")))
+    naive, cached = got
     want_naive, want_cached = _kv_rows(p, n)
     if naive == want_naive and cached == want_cached:
         return report(True, f"Right: naive {want_naive:,} rows, cached {want_cached:,} rows "

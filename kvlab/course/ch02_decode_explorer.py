@@ -58,7 +58,7 @@ def _fonts() -> list[str]:
 # as tall as a slide allows. Saved inline (100 dpi, 0.1 in padding) it is about 1140 × 430 px.
 FIGSIZE = (11.2, 4.1)
 TEXT_BOX, COUNTS_BOX = (0.0, 1.5, 3.45, 2.13), (0.55, 0.44, 2.8, 0.52)
-HEAT_BOX, COLORBAR_BOX, BARS_BOX = (4.35, 0.44, 3.6, 3.47), (8.05, 0.44, 0.12, 3.47), (8.95, 0.44, 2.0, 3.47)
+HEAT_BOX, COLORBAR_BOX, BARS_BOX = (4.35, 0.44, 3.6, 3.47), (8.05, 0.44, 0.12, 3.47), (8.95, 0.44, 1.75, 3.47)
 ROW_LABEL_PT, STAGGER_PT = 7, 28  # row labels' font size; the pad that moves every other one left
 
 
@@ -122,7 +122,11 @@ def plot_decode_frame(frames: _trace.DecodeTrace, step: int, layer: int = 0, hea
     colors[-1] = NEW_FACE
     bars.barh(range(filled), weights, color=colors, edgecolor="#555555", lw=0.4, height=0.85)
     bars.set_xlim(0, max(0.05, float(weights.max())) * 1.15)
-    bars.tick_params(labelleft=False)
+    bars.tick_params(labelleft=False)  # the rows are the cache's, labelled on its left ...
+    positions = bars.secondary_yaxis("right")  # ... and numbered here, so this panel reads alone
+    every = 5 if total <= 60 else 10
+    positions.set_yticks(range(0, total, every), [str(i) for i in range(0, total, every)], fontsize=7)
+    positions.set_ylabel("cached position (same rows as the cache)", fontsize=8)
     bars.set_xlabel(f"weight (query head {head}; sums to 1)")
     bars.set_title("newest token's attention", fontsize=10)
     bars.grid(True, axis="x", alpha=0.3)

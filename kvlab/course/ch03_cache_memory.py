@@ -90,13 +90,14 @@ def _shape_text(config) -> str:
     return f"{config.n_layers} layers × {config.n_kv_heads} KV heads × {config.head_dim} dims"
 
 
-def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 1,
+def plot_memory(model: str = "llama-2-7b", seq_len: int = 4096, batch_size: int = 1,
                 dtype: str = "fp16", gpu: str = "A100 80GB", layers: int | None = None,
                 kv_heads: int | None = None, head_dim: int | None = None):
     """Memory against sequence length for one model, batch, cache dtype and GPU.
 
     Returns (Figure, readout text). The readout gives the cache size, whether it fits next to the
-    fp16 weights, the longest context that fits and the most concurrent sequences that fit (from
+    fp16 weights and the CUDA context (`kvlab.memory.CUDA_CONTEXT_BYTES`, as chapter 03's planner
+    counts it), the longest context that fits and the most concurrent sequences that fit (from
     `kvlab.memory.plan`, no reserve for activations). Settings that do not fit (even the weights
     alone) draw the plot and say so; an invalid custom shape draws an empty plot and the reason.
     Unknown names (model, dtype, GPU) and a non-positive seq_len or batch_size raise ValueError.
@@ -131,16 +132,19 @@ def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
         + f" · {g.name}: {fmt(g.memory_bytes)}",
     ]
     total = weights + p.cache_bytes
+    ctx = p.context_bytes            # the CUDA context takes this much before anything is loaded
+    usable = g.memory_bytes - ctx
     if p.free_for_cache < 0:
-        note = f"The weights alone ({fmt(weights)}) do not fit on {g.name} ({fmt(g.memory_bytes)})"
+        note = f"The weights alone ({fmt(weights)}) do not fit on {g.name} ({fmt(usable)} usable)"
         lines.append(f"✗ {note}: no room for any cache.")
     elif p.fits:
         note = ""
-        lines.append(f"✓ Fits: {fmt(total)} used, {fmt(g.memory_bytes - total)} to spare.")
+        lines.append(f"✓ Fits: {fmt(total + ctx)} used (weights + cache + {ctx / memory.GiB:.2f} GiB "
+                     f"CUDA context), {fmt(usable - total)} to spare.")
     else:
-        note = f"Does not fit: needs {fmt(total)}"
-        lines.append(f"✗ Does not fit: needs {fmt(total)}, {fmt(total - g.memory_bytes)} more "
-                     f"than {g.name} holds.")
+        note = f"Does not fit: needs {fmt(total + ctx)}"
+        lines.append(f"✗ Does not fit: needs {fmt(total + ctx)} with the {ctx / memory.GiB:.2f} GiB "
+                     f"CUDA context, {fmt(total - usable)} more than {g.name} holds.")
     trained = "" if custom else f" (the model was trained for up to {config.max_seq_len:,})"
     lines.append(f"Longest context that fits at batch {batch_size}: "
                  + (f"{p.max_context:,} tokens{trained}." if p.max_context else "none."))
@@ -155,7 +159,7 @@ def plot_memory(model: str = "llama-7b", seq_len: int = 4096, batch_size: int = 
         lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained_for:,} {config.name} was trained for "
                      "(shaded): the memory is real, the model's quality there is not.")
     fig = plot_memory_vs_seq_len(
-        seq_lens, weights, cache, g.memory_bytes, g.name, seq_len, p.max_context,
+        seq_lens, weights, cache, usable, f"{g.name} less the\nCUDA context", seq_len, p.max_context,
         title=f"{label}, batch {batch_size}, {dtype} cache on {g.name}",
         cache_label=f"KV cache ({dtype}, batch {batch_size})",
         weight_label="weights: not counted" if custom else f"weights ({WEIGHT_DTYPE})", note=note,
@@ -229,7 +233,7 @@ def memory_explorer():
     import ipywidgets as w
 
     style, wide = {"description_width": "90px"}, w.Layout(width="420px")
-    model = w.Dropdown(options=memory_models(), value="llama-7b", description="model",
+    model = w.Dropdown(options=memory_models(), value="llama-2-7b", description="model",
                        style=style, layout=wide)
     layers = w.BoundedIntText(value=32, min=1, max=1000, description="layers", style=style)
     kv_heads = w.BoundedIntText(value=32, min=1, max=1024, description="KV heads", style=style)
@@ -277,9 +281,10 @@ def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
     """The KV cache of `model` for `batch_size` sequences of `seq_len` tokens, in GiB.
 
     Recognises the usual slips and says which: K without V, query heads instead of KV heads,
-    decimal GB instead of GiB, bytes instead of GiB.
+    4-byte (fp32) elements, the batch forgotten, decimal GB instead of GiB (also rounded to a whole
+    number), MiB or bytes instead of GiB.
     """
-    from ..memory import GB, GiB, kv_cache_bytes
+    from ..memory import DTYPE_BITS, GB, GiB, MiB, kv_cache_bytes
 
     config = PRESETS[model]
     expected = kv_cache_bytes(config, seq_len, batch_size, dtype)
@@ -287,13 +292,22 @@ def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
     if value is None:
         return report(False, "", f"answer with a number of GiB (got {shown(answer)}): 2 (K and V) × "
                       "layers × KV heads × head_dim × tokens × batch × bytes per element ÷ 1024**3.")
+    element = DTYPE_BITS[dtype] / 8  # bytes
     slips = [
         (expected / GiB / 2, "that is half the answer: K alone. The cache holds K and V, a factor 2."),
         (expected / GiB * config.n_rep, f"{model} has {config.n_kv_heads} KV heads (shared by "
          f"{config.n_heads} query heads): use n_kv_heads, not n_heads."),
+        (expected / GiB * 4 / element, f"that counts 4 bytes an element (fp32); the cache is {dtype}: "
+         f"{element:g} bytes an element."),
+        (expected / GiB / batch_size, f"that is the cache of one sequence: multiply by the batch "
+         f"({batch_size} sequences, each with its own keys and values)."),
         (expected / GB, "that is decimal GB (10**9 bytes); the question asks for GiB (1024**3)."),
+        (expected / MiB, "that is in MiB (1024**2 bytes): divide by 1024 once more for GiB."),
         (expected, "that looks like bytes: the question asks for GiB (divide by 1024**3)."),
     ]
+    if value == round(expected / GB) != round(expected / GiB):
+        return report(False, "", f"{value:g} is the decimal figure, {expected / GB:.2f} GB (10**9 bytes), "
+                      "rounded; the question asks for GiB (1024**3 bytes): divide the bytes by 1024**3.")
     if close(value, expected / GiB, 1e-3):
         return report(True, f"Right: {expected:,} bytes = {expected / GiB:g} GiB.", "")
     for wrong, hint in slips:

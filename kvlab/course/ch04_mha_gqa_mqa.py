@@ -192,7 +192,10 @@ def plot_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len:
     validate.integer("batch_size", batch_size)
     configs, message = gqa_variants(model, n_kv_heads, n_heads, layers, head_dim)
     published_note = ""
-    if configs and model != "custom" and _same_shape(model, n_heads, layers, head_dim):
+    # A preset whose layers, query heads or head dim were changed is no longer that model.
+    as_published = model != "custom" and _same_shape(model, n_heads, layers, head_dim)
+    name = model if as_published else "custom shape" if model == "custom" else f"custom shape (from {model})"
+    if configs and as_published:
         configs, published_note = _with_published(model, configs)
     seq_lens = [s for s in GQA_SEQ_LENS if s >= min(seq_len, 128)]
     seq_lens += [2**k for k in range(21, 64) if 2 ** (k - 1) < seq_len]
@@ -203,7 +206,6 @@ def plot_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len:
         curves[label] = (lens * per_token, per_token * seq_len)
     if configs:
         mha = next(iter(configs.values()))
-        name = "custom shape" if model == "custom" else model
         lines.append(f"{name}: {mha.n_layers} layers × {mha.n_heads} query heads × head dim "
                      f"{mha.head_dim}; KV cache for {seq_len:,} tokens, {dtype}, batch {batch_size}:")
         mha_bytes = curves[next(iter(curves))][1]
@@ -215,11 +217,11 @@ def plot_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len:
                 lines.append(f"  (MLA caches {cfg.kv_latent_dim} elements per token per layer: as "
                              f"much as GQA with {gqa.gqa_equivalent_kv_heads(cfg):.3g} KV heads of dim "
                              f"{cfg.head_dim})")
-        if model != "custom" and _same_shape(model, n_heads, layers, head_dim):
+        if as_published:
             lines.append(_published_line(model) + published_note)
     if message:
         lines.append(f"✗ {message}")
-    title = ("custom shape" if model == "custom" else model) + f": KV cache ({dtype}, batch {batch_size})"
+    title = f"{name}: KV cache ({dtype}, batch {batch_size})"
     fig = plot_gqa_memory(lens, curves, seq_len, title=title, message=message)
     return fig, "\n".join(lines)
 

@@ -7,7 +7,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..memory import GiB
-from .style import Verdict, as_number, new_figure, numeric, report, shown
+from .style import (
+    Verdict,
+    as_number,
+    as_numbers,
+    new_figure,
+    number_hint,
+    numbers_hint,
+    numeric,
+    report,
+)
 
 
 def plot_request_lengths(prompt_lens, output_lens, max_len: int):
@@ -197,27 +206,45 @@ def reserve_max_waste(prompt_lens, output_lens, max_len: int) -> float:
 
 
 PAGED_BLOCKS_EXERCISE = {"n_tokens": 1234, "block_size": 32}
-PAGED_FIT_EXERCISE = {"num_blocks": 4096, "block_size": 16, "n_tokens": 700, "max_len": 2048}
+# 630 tokens: 40 blocks (the last one 10 slots short), so each usual slip gives its own number.
+PAGED_FIT_EXERCISE = {"num_blocks": 4096, "block_size": 16, "n_tokens": 630, "max_len": 2048}
+
+
+def _whole(value: float) -> bool:
+    return value == int(value)
 
 
 def check_paged_blocks(answer, n_tokens: int = PAGED_BLOCKS_EXERCISE["n_tokens"],
                        block_size: int = PAGED_BLOCKS_EXERCISE["block_size"]) -> Verdict:
-    """(blocks, wasted slots) of one sequence of n_tokens tokens in blocks of block_size."""
+    """(blocks, wasted slots) of one sequence of n_tokens tokens in blocks of block_size. The hints
+    name the usual slips: rounding the blocks down (or not at all), giving the tokens in the last
+    block instead of its empty slots, giving all the slots, and the two numbers swapped."""
     from ..cache.paged import blocks_needed, wasted_slots
 
     blocks, wasted = blocks_needed(n_tokens, block_size), wasted_slots(n_tokens, block_size)
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return report(False, "", f"answer with two numbers, (blocks, wasted_slots) "
-                                 f"(got {shown(answer)}).")
-    got = [as_number(a) for a in answer]
-    if got[0] is None or got[1] is None:
-        return report(False, "", f"both parts must be numbers (got {shown(answer)}).")
-    if got[0] == n_tokens // block_size and got[0] != blocks:
-        return report(False, "", "a partly filled last block is still a whole block: round up.")
-    if got[0] != blocks:
+    got = as_numbers(answer, 2)
+    if got is None:
+        return report(False, "", numbers_hint(answer, ("blocks", "wasted_slots")))
+    got_blocks, got_wasted = got
+    filled_last = n_tokens - (blocks - 1) * block_size  # tokens in the last, partly filled block
+    if (got_blocks, got_wasted) == (wasted, blocks) and blocks != wasted:
+        return report(False, "", "the two numbers are swapped: blocks first, then wasted slots.")
+    if got_blocks == n_tokens // block_size and got_blocks != blocks:
+        return report(False, "", f"{n_tokens:,} ÷ {block_size} = {n_tokens / block_size:g}: a partly "
+                                 "filled last block is still a whole block, so round up, not down.")
+    if not _whole(got_blocks):
+        return report(False, "", f"blocks come whole: round {got_blocks:g} up to the next integer.")
+    if got_blocks != blocks:
         return report(False, "", f"divide {n_tokens:,} tokens by {block_size} tokens a block and "
                                  "round up.")
-    return report(got[1] == wasted,
+    if got_wasted == filled_last and filled_last != wasted:
+        return report(False, "", f"{filled_last} is how many tokens the last block holds "
+                                 f"({n_tokens:,} − {blocks - 1} × {block_size}); the question asks "
+                                 "for its empty slots.")
+    if got_wasted == blocks * block_size:
+        return report(False, "", f"{got_wasted:,.0f} is all the slots of the {blocks} blocks; "
+                                 f"subtract the {n_tokens:,} that hold a token.")
+    return report(got_wasted == wasted,
                   f"Right: {blocks} blocks hold {blocks * block_size:,} slots, {wasted} of them "
                   "empty, all in the last block.",
                   "wasted slots = blocks × block_size − tokens.")
@@ -227,16 +254,38 @@ def check_paged_sequences_fit(answer, num_blocks: int = PAGED_FIT_EXERCISE["num_
                               block_size: int = PAGED_FIT_EXERCISE["block_size"],
                               n_tokens: int = PAGED_FIT_EXERCISE["n_tokens"],
                               max_len: int = PAGED_FIT_EXERCISE["max_len"]) -> Verdict:
-    """How many sequences of n_tokens fit at once in a pool of num_blocks blocks with paging."""
+    """How many sequences of n_tokens fit at once in a pool of num_blocks blocks with paging. The
+    hints name the usual slips: counting slots as if a sequence needed only its tokens (no partly
+    filled last block), rounding the blocks of a sequence down or to the nearest, rounding the
+    final division up or not at all, the reservation answer, and the blocks of one sequence."""
     from ..cache.paged import blocks_needed
 
-    expected = num_blocks // blocks_needed(n_tokens, block_size)
+    per_seq = blocks_needed(n_tokens, block_size)
+    expected = num_blocks // per_seq
     reserved = num_blocks * block_size // max_len
     value = as_number(answer)
-    if value is not None and value == reserved:
-        return report(False, "", f"that is how many fit when each reserves {max_len:,} slots; "
-                                 "with paging each takes only the blocks its tokens fill.")
+    if value is None:
+        return report(False, "", number_hint(answer))
+    exact_blocks = n_tokens / block_size
+    slips = {
+        reserved: f"that is how many fit when each reserves {max_len:,} slots; with paging each "
+                  "takes only the blocks its tokens fill.",
+        per_seq: f"{per_seq} is how many blocks one sequence takes; now divide the pool by it.",
+        -(-num_blocks // per_seq): f"{num_blocks:,} ÷ {per_seq} = {num_blocks / per_seq:.2f}: a "
+                                   "sequence that does not fit whole cannot run, so round down.",
+        num_blocks * block_size // n_tokens: f"that counts only the {n_tokens} slots each sequence "
+                                             f"fills, but it holds whole blocks: {n_tokens} ÷ "
+                                             f"{block_size} = {exact_blocks:g} rounds up to {per_seq}.",
+        num_blocks // max(1, round(exact_blocks)): f"{n_tokens} ÷ {block_size} = {exact_blocks:g} "
+                                                  "blocks rounds up, not to the nearest: the last "
+                                                  "block is taken whole.",
+    }
+    slips.pop(expected, None)  # with other numbers a slip can land on the right answer
+    if value in slips:
+        return report(False, "", slips[value])
+    if abs(value - num_blocks / per_seq) < 0.01 and not _whole(value):
+        return report(False, "", f"{value:g} sequences: only whole sequences run, so round down.")
     return numeric(answer, expected, 1e-9,
-                   f"Right: {expected} sequences instead of {reserved} with max-length "
-                   f"reservation ({expected / reserved:.1f}×).",
+                   f"Right: {per_seq} blocks a sequence, {expected} sequences instead of {reserved} "
+                   f"with max-length reservation ({expected / reserved:.1f}×).",
                    "blocks in the pool ÷ blocks one sequence needs (rounded up), rounded down.")

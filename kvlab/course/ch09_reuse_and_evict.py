@@ -17,10 +17,11 @@ POLICY_COLORS = {"full": "#333333", "window": "#C44E52", "sinks + window": "#4C7
 
 # ---- measurements on kvlab-tiny ---------------------------------------------------------------------
 
-STREAM_LEN = 320           # bytes a stream: longer than kvlab-tiny's 256-byte training windows
+STREAM_LEN = 256           # bytes a stream: kvlab-tiny's training windows, so no distance is untrained
 BUDGETS = (16, 32, 64, 128)
 SINKS = 4
-STREAMS = 8                # streams measured (a batch): enough for stable means, quick on a CPU
+STREAMS = 16               # streams measured (a batch): enough for standard errors, quick on a CPU
+POSITIONS = "original"     # every policy keeps keys at their place in the text: a fair comparison
 
 
 def held_out_streams(length: int = STREAM_LEN, streams: int = STREAMS, device="cpu"):
@@ -42,21 +43,28 @@ def held_out_streams(length: int = STREAM_LEN, streams: int = STREAMS, device="c
 @lru_cache(maxsize=4)
 def budget_measurements(stream_len: int = STREAM_LEN, budgets: tuple = BUDGETS,
                         streams: int = STREAMS) -> dict:
-    """Held-out loss of kvlab-tiny for every policy of kvlab.eviction.POLICIES and budget (computed once
-    a session: about 3,000 one-token forward passes), with the cache bytes a sequence."""
+    """Held-out loss of kvlab-tiny for every policy of kvlab.eviction.POLICIES and budget, all with
+    keys at their original positions (computed once a session), with the cache bytes a sequence.
+    `per_stream[policy][i]`: (B, T - 1) losses; `se[policy][i]`: the paired standard error of the
+    policy's loss minus the full cache's, over the streams."""
     import torch
 
-    from ..eviction import loss_vs_budget
+    from ..eviction import loss_vs_budget, paired_difference
     from ..pretrained import load
 
     model = load("kvlab-tiny")
     ids = held_out_streams(stream_len, streams)
     with torch.inference_mode():
-        curves = loss_vs_budget(model, ids, list(budgets), sinks=SINKS)
-    losses = {p: [float(c.mean()) for c in cs] for p, cs in curves.items()}
+        per_stream = loss_vs_budget(model, ids, list(budgets), sinks=SINKS, positions=POSITIONS,
+                                    per_stream=True)
+    full = per_stream["full"][0]
+    diffs = {p: [paired_difference(c, full) for c in cs] for p, cs in per_stream.items()}
     per_token = kv_bytes_per_token(model.config, "fp32")
-    return {"budgets": list(budgets), "losses": losses, "curves": curves, "stream_len": stream_len,
-            "streams": ids.shape[0], "bytes_per_token": per_token}
+    return {"budgets": list(budgets), "stream_len": stream_len, "streams": ids.shape[0],
+            "losses": {p: [float(c.mean()) for c in cs] for p, cs in per_stream.items()},
+            "curves": {p: [c.mean(0) for c in cs] for p, cs in per_stream.items()},
+            "per_stream": per_stream, "se": {p: [d[1] for d in ds] for p, ds in diffs.items()},
+            "bytes_per_token": per_token}
 
 
 def plot_budget_curve(measurements: dict, title: str = "Held-out loss against cache budget (kvlab-tiny)",
@@ -71,7 +79,8 @@ def plot_budget_curve(measurements: dict, title: str = "Held-out loss against ca
             ax.axhline(values[0], color=color, ls="--", lw=1.2,
                        label=f"full cache ({measurements['stream_len']} positions)")
         else:
-            ax.plot(budgets, values, "o-", color=color, label=policy)
+            ax.errorbar(budgets, values, yerr=measurements["se"][policy], fmt="o-", capsize=3,
+                        color=color, label=policy)
     if current is not None:
         policy, budget = current
         y = losses[policy][budgets.index(budget)]
@@ -80,7 +89,7 @@ def plot_budget_curve(measurements: dict, title: str = "Held-out loss against ca
     ax.set_xticks(budgets, [str(b) for b in budgets])
     ax.set_xlabel("cache budget (positions kept per sequence)")
     ax.set_ylabel("held-out loss (nats per byte)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title + " ± paired standard error", fontsize=10)
     ax.legend(fontsize=8)
     return fig
 
@@ -93,7 +102,8 @@ def plot_budget(policy: str = "sinks + window", budget: int = 64, measurements: 
     m = budget_measurements() if measurements is None else measurements
     validate.choice("policy", policy, POLICIES)
     validate.choice("budget", budget, m["budgets"])
-    loss = m["losses"][policy][m["budgets"].index(budget)]
+    i = m["budgets"].index(budget)
+    loss, se = m["losses"][policy][i], m["se"][policy][i]
     full = m["losses"]["full"][0]
     kept = m["stream_len"] if policy == "full" else budget
     llama = PRESETS["llama-3-8b"]
@@ -103,8 +113,8 @@ def plot_budget(policy: str = "sinks + window", budget: int = 64, measurements: 
         + ("" if policy == "full" else " (storage fixed, whatever the stream length)"),
         f"memory a sequence: kvlab-tiny {format_bytes(kept * m['bytes_per_token'])} (fp32); "
         f"Llama-3-8B would hold {format_bytes(kept * kv_bytes_per_token(llama, 'fp16'))} (fp16)",
-        f"held-out loss {loss:.3f} nats/byte; full cache {full:.3f} ({loss - full:+.3f}), "
-        f"{m['streams']} streams of {m['stream_len']} bytes",
+        f"held-out loss {loss:.3f} nats/byte; full cache {full:.3f} ({loss - full:+.3f} ± {se:.3f}, "
+        f"paired standard error over {m['streams']} streams of {m['stream_len']} bytes)",
     ])
     return fig, text
 
@@ -169,6 +179,125 @@ def plot_loss_along_stream(curves: dict, window: int | None = None, trained: int
     return fig
 
 
+# ---- the real model: SmolLM2-135M-Instruct -----------------------------------------------------
+
+REAL_STREAM = 144     # tokens a stream: three times the budget, so most positions are past the window
+REAL_STREAMS = 2
+REAL_BUDGET = 48      # positions kept by every bounded policy
+REAL_BLOCK = 16       # positions a unit of the paired standard error
+
+
+def real_streams(tokenizer, length: int = REAL_STREAM, streams: int = REAL_STREAMS, device="cpu"):
+    """Consecutive pieces of `length` tokens of the course's handwritten held-out documents (English
+    prose kvlab-tiny never trained on), tokenized by the real model's tokenizer: (B, length)."""
+    import torch
+
+    from ..pretrained import corpus_text
+
+    length, streams = validate.integer("length", length, low=2), validate.integer("streams", streams)
+    ids = tokenizer(corpus_text("held_out", source="handwritten"))["input_ids"]
+    if len(ids) < length * streams:
+        raise ValueError(f"{streams} streams of length={length} need {length * streams} tokens; the "
+                         f"held-out documents have {len(ids)}")
+    return torch.tensor(ids[:length * streams], device=device).view(streams, length)
+
+
+def sink_mass(maps, skip: int = 16):
+    """Mean attention weight the first key (position 0) receives from the queries at positions
+    >= skip, per layer and head: (L, H), from kvlab.eviction.attention_maps."""
+    import torch
+
+    validate.integer("skip", skip, low=0, high=maps[0].shape[-1] - 1)
+    return torch.stack([a[:, :, skip:, 0].mean(dim=(0, 2)) for a in maps]).float()
+
+
+def plot_sink_heatmap(mass, uniform: float, title: str = "SmolLM2-135M: attention on the first token"):
+    """Heat map of `sink_mass` (layers × heads), with the uniform-attention share in the title."""
+    fig, ax = new_figure(6.0, 5.2)
+    im = ax.imshow(mass.cpu().numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                   origin="lower")
+    fig.colorbar(im, ax=ax, label="mean attention weight on token 0")
+    ax.set_xlabel("query head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(mass.shape[1]))
+    ax.grid(False)
+    ax.set_title(f"{title}\n(uniform attention would give it {uniform:.1%})", fontsize=10)
+    return fig
+
+
+def streaming_measurements(model, ids, budget: int = REAL_BUDGET, sinks: int = SINKS,
+                           block: int = REAL_BLOCK) -> dict:
+    """StreamingLLM's comparison on `ids` (B, T): per-position losses of every policy of
+    kvlab.eviction.POLICIES at one budget, keys at their original positions, and for each policy the
+    mean loss minus the full cache's over the positions past the budget (where the bounded caches
+    have evicted something), with its paired standard error over blocks of `block` positions."""
+    import math
+
+    import torch
+
+    from ..eviction import loss_vs_budget, paired_difference
+
+    budget = validate.integer("budget", budget, low=sinks + 1, high=ids.shape[1] - 2)
+    with torch.inference_mode():
+        per = {p: v[0] for p, v in loss_vs_budget(model, ids, [budget], sinks=sinks,
+                                                   positions="original", per_stream=True).items()}
+    start = budget - 1  # loss index i predicts token i + 1: from here on a query misses something
+    rows = {}
+    for policy, losses in per.items():
+        loss = losses[:, start:].mean().item()
+        diff, se, units = paired_difference(losses, per["full"], start, block)
+        rows[policy] = {"loss": loss, "perplexity": math.exp(loss), "minus full": diff, "se": se,
+                        "units": units}
+    return {"per_position": per, "rows": rows, "budget": budget, "sinks": sinks, "block": block,
+            "start": start, "streams": ids.shape[0], "length": ids.shape[1]}
+
+
+def plot_streaming(result: dict, title: str = "SmolLM2-135M: loss minus the full cache's"):
+    """The paired loss differences of `streaming_measurements`, one bar a bounded policy, ± 2 SE."""
+    fig, ax = new_figure(6.5, 3.4)
+    names = [p for p in result["rows"] if p != "full"]
+    diffs = [result["rows"][p]["minus full"] for p in names]
+    errors = [2 * result["rows"][p]["se"] for p in names]
+    ax.bar(names, diffs, yerr=errors, capsize=4, color=[POLICY_COLORS[p] for p in names])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel("nats per token (± 2 SE)")
+    ax.set_title(f"{title}, {result['budget']} positions kept", fontsize=10)
+    return fig
+
+
+def chat_prompts(tokenizer, system: str, questions, replies) -> list[list[int]]:
+    """The token ids of each turn's prompt of a chat: the chat template rendered over the system
+    prompt, every earlier question and reply, and the new question, with the generation prompt.
+    `system` may be a function of the turn number (a system prompt that changes every turn)."""
+    prompts = []
+    for turn, question in enumerate(questions):
+        text = system(turn) if callable(system) else system
+        messages = [{"role": "system", "content": text}]
+        for q, r in zip(questions[:turn], replies[:turn], strict=True):
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": r}]
+        messages.append({"role": "user", "content": question})
+        prompts.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                          tokenize=True, return_dict=False)))
+    return prompts
+
+
+def chat_hits(prompts, generated, block_size: int = 16, num_blocks: int = 4096) -> list[int]:
+    """Prompt tokens each turn finds in a prefix index (block bookkeeping only, as kvlab.prefix's
+    store does it): a turn looks up its prompt, then indexes its prompt + generated tokens."""
+    from ..prefix import PrefixBlockManager
+
+    m = PrefixBlockManager(num_blocks, block_size)
+    hits = []
+    for prompt, new in zip(prompts, generated, strict=True):
+        seq = m.new_sequence(prompt)
+        hits.append(seq.cached_tokens)
+        for token in new:
+            m.append(seq, token)
+        m.register(seq)
+        m.free(seq)
+    return hits
+
+
 # ---- prefix sharing -----------------------------------------------------------------------------
 
 SHARING_MODEL = "llama-3-8b"
@@ -205,7 +334,7 @@ def plot_sharing(users: int = 16, prefix_len: int = 1024, suffix_len: int = 64, 
         f"({s.saved_fraction:.0%} fewer)",
         f"{model} KV cache (fp16): {format_bytes(s.bytes_alone)} → {format_bytes(s.bytes_shared)}",
         f"prefill: {saved_tokens:,} of {s.prefill_tokens_alone:,} prompt tokens not recomputed, "
-        f"≈ {prefill_flops(config, saved_tokens) / 1e12:,.1f} TFLOPs saved (2 × params × tokens)",
+        f"≈ {prefill_flops(config, saved_tokens) / 1e12:,.1f} TFLOPs saved (2 × layer weights × tokens)",
     ])
     return fig, text
 
@@ -266,6 +395,7 @@ def plot_offload(tokens, seconds: dict, title: str):
 
 SHARED_BLOCKS_EXERCISE = {"users": 20, "prefix_len": 1000, "suffix_len": 200, "block_size": 16}
 WINDOW_BYTES_EXERCISE = {"model": "mistral-7b", "window": 4096, "batch_size": 8, "dtype": "fp16"}
+WINDOW_STREAM_TOKENS = 100_000   # each stream's length so far, in the exercise's text
 
 
 def check_shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["users"],
@@ -293,6 +423,16 @@ def check_shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["user
     for wrong, hint in slips:
         if prefix_len % block_size and value == wrong and value != s.blocks_shared:
             return report(False, "", hint)
+    likely = [(own, f"that is one user's blocks; {users} users each hold their own part."),
+              (full, "those are only the shared prefix blocks: add each user's own blocks."),
+              (ceil, "those are only the prefix's blocks: add each user's own blocks."),
+              (prefix_len + users * suffix_len, "that counts tokens: the question asks for blocks of "
+               f"{block_size} tokens."),
+              (full + users * suffix_len / block_size, "blocks are whole: each user's own part is "
+               "ceil((prefix + suffix) / block_size) − the shared full blocks, rounded up.")]
+    for wrong, hint in likely:
+        if value == wrong and value != s.blocks_shared:
+            return report(False, "", hint)
     return numeric(answer, s.blocks_shared, 1e-9,
                    f"Right: {full} full prefix blocks held once + {users} × "
                    f"{s.blocks_alone // users - full} blocks of each user's own.",
@@ -310,9 +450,22 @@ def check_window_cache_gib(answer, model: str = WINDOW_BYTES_EXERCISE["model"],
     config = PRESETS[model]
     expected = kv_cache_bytes(config, window, batch_size, dtype) / GiB
     value = as_number(answer)
-    if close(value, kv_cache_bytes(config, config.max_seq_len, batch_size, dtype) / GiB, 1e-3):
-        return report(False, "", f"that is the full {config.max_seq_len:,}-token context; a sliding "
-                      f"window keeps only the last {window:,} tokens.")
+    per_head = expected * config.n_heads / config.n_kv_heads
+    likely = [(kv_cache_bytes(config, config.max_seq_len, batch_size, dtype) / GiB,
+               f"that is the full {config.max_seq_len:,}-token context; a sliding window keeps only the "
+               f"last {window:,} tokens."),
+              (kv_cache_bytes(config, WINDOW_STREAM_TOKENS, batch_size, dtype) / GiB,
+               f"that is the whole {WINDOW_STREAM_TOKENS:,}-token stream; the window keeps only the last "
+               f"{window:,} tokens, however long the stream."),
+              (expected / batch_size, f"that is one stream: the batch holds {batch_size}."),
+              (expected / 2, "K and V are both cached: the factor 2."),
+              (expected * 2, "FP16 is 2 bytes a value (that is fp32's 4)."),
+              (per_head, f"{config.n_kv_heads} KV heads are cached, not the {config.n_heads} query "
+               "heads (grouped-query attention)."),
+              (expected * GiB / 1e9, "that is GB (10**9 bytes): the question asks for GiB (1024**3).")]
+    for wrong, hint in likely:
+        if close(value, wrong, 1e-3) and not close(value, expected, 1e-3):
+            return report(False, "", hint)
     return numeric(answer, expected, 1e-3,
                    f"Right: {window:,} positions × batch {batch_size}, however long the streams get.",
                    f"2 × layers × KV heads × head_dim × {window:,} (the window, not the stream) × "

@@ -153,19 +153,130 @@ def shown(answer) -> str:
     return _short.repr(answer)
 
 
+# What a checker reads as a number, said in every hint that refuses one.
+NUMBER_FORMS = ("a number: an int, a float, text such as '8,390,656', or a one-element NumPy array "
+                "or PyTorch tensor")
+
+
+def _array_size(answer) -> int | None:
+    """How many elements a NumPy array, NumPy scalar or PyTorch tensor holds; None for anything else
+    (an object that does not say, or that raises when asked: a learner's answer can be anything)."""
+    if not (hasattr(answer, "dtype") and hasattr(answer, "shape")):
+        return None
+    try:
+        return math.prod(int(n) for n in answer.shape)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _not_a_number_dtype(answer) -> bool:
+    """A bool or complex array or tensor: float() would turn True into 1.0 and drop an imaginary part."""
+    kind = str(getattr(answer, "dtype", ""))
+    return "bool" in kind or "complex" in kind
+
+
 def as_number(answer) -> float | None:
-    """A finite number from an int, a float, a one-element tensor or array, or a string like
-    '8,390,656'; None for anything else (None, a bool, bytes, NaN, infinity, an int too large for a
-    float)."""
+    """A finite number from an int, a float, a one-element tensor or array (of any shape: [15] and
+    [[15]] too), or a string like '8,390,656'; None for anything else (None, a bool, bytes, a complex
+    number, NaN, infinity, an int too large for a float, an array of several numbers).
+    `number_hint` says why in words."""
     if isinstance(answer, (bool, bytes, bytearray)) or answer is None:
         return None
+    size = _array_size(answer)
+    if size is not None:
+        if size != 1 or _not_a_number_dtype(answer):
+            return None
+        try:  # NumPy 2 refuses float() of a one-element array with ndim > 0: take the element
+            answer = answer.reshape(-1)[0].item()
+        except Exception:  # noqa: BLE001 - sparse, meta, nested tensors: not a number we can read
+            return None
+        if isinstance(answer, bool):
+            return None
     if isinstance(answer, str):
         answer = answer.replace(",", "").replace("_", "").strip()
+    if isinstance(answer, complex):
+        return None
     try:
         value = float(answer)
     except Exception:  # noqa: BLE001 - a learner's answer can be anything: not a number is a hint
         return None
     return value if math.isfinite(value) else None
+
+
+def why_not_a_number(answer) -> str:
+    """Why `as_number` refuses answer, in a few words that quote it (for a hint)."""
+    size = _array_size(answer)
+    if answer is None:
+        return "got None: put your answer in place of None"
+    if isinstance(answer, bool) or (size is not None and "bool" in str(answer.dtype)):
+        return f"got {shown(answer)}, yes/no values, not numbers"
+    if size is not None and size != 1:
+        return f"got {shown(answer)}, which holds {size:,} numbers, not one"
+    if isinstance(answer, complex) or _not_a_number_dtype(answer):
+        return f"got {shown(answer)}, a complex number"
+    if isinstance(answer, (bytes, bytearray)):
+        return f"got the bytes {shown(answer)}: write the number without b'…'"
+    if isinstance(answer, str):
+        return f"got the text {shown(answer)}, which does not read as a number"
+    if isinstance(answer, int):
+        return f"got an integer of {len(str(abs(answer))):,} digits, too large for a float"
+    if size == 1:
+        try:
+            answer.reshape(-1)[0].item()
+        except Exception:  # noqa: BLE001
+            return f"got {shown(answer)}, whose value cannot be read"
+    if isinstance(answer, float) or size == 1:
+        return f"got {shown(answer)}, not a finite number"
+    return f"got {shown(answer)}, which is not a number ({type(answer).__name__})"
+
+
+def number_hint(answer) -> str:
+    """The hint for an answer that is not a number: what it got and what is allowed."""
+    return f"answer with {NUMBER_FORMS} ({why_not_a_number(answer)})."
+
+
+def as_numbers(answer, count: int = 2) -> tuple[float, ...] | None:
+    """`count` finite numbers from a tuple or list of `count` answers `as_number` reads, or from a
+    NumPy array or PyTorch tensor of `count` elements (any shape, read in order); None otherwise."""
+    size = _array_size(answer)
+    if size is not None:
+        if size != count or _not_a_number_dtype(answer):
+            return None
+        try:
+            answer = answer.reshape(-1).tolist()
+        except Exception:  # noqa: BLE001 - sparse, meta, nested tensors: not numbers we can read
+            return None
+    if not isinstance(answer, (tuple, list)) or len(answer) != count:
+        return None
+    values = tuple(as_number(a) for a in answer)
+    return None if any(v is None for v in values) else values
+
+
+def numbers_hint(answer, names: tuple[str, ...]) -> str:
+    """The hint for an answer that `as_numbers(answer, len(names))` refuses: the form asked for,
+    (name, name), what is allowed, and what was wrong with what it got."""
+    count = len(names)
+    allowed = (f"answer with {count} numbers, ({', '.join(names)}): a tuple or list of {count} numbers, "
+               f"or an array or tensor of {count} elements")
+    size = _array_size(answer)
+    if size is not None and size != count:
+        return f"{allowed} (got {shown(answer)}, {size:,} element{'s' * (size != 1)})."
+    if size is not None:
+        if _not_a_number_dtype(answer):
+            kind = "yes/no values" if "bool" in str(answer.dtype) else "complex numbers"
+            return f"{allowed} (got {shown(answer)}: {kind})."
+        try:
+            answer = answer.reshape(-1).tolist()
+        except Exception:  # noqa: BLE001
+            return f"{allowed} (got {shown(answer)}, whose values cannot be read)."
+    if answer is None:
+        return f"{allowed} (got None: put your answer in place of None)."
+    if not isinstance(answer, (tuple, list)):
+        return f"{allowed} (got {shown(answer)}, a {type(answer).__name__})."
+    if len(answer) != count:
+        return f"{allowed} (got {shown(answer)}, {len(answer)} value{'s' * (len(answer) != 1)})."
+    bad = next(i for i, a in enumerate(answer) if as_number(a) is None)
+    return f"{allowed}, each {NUMBER_FORMS} (its {names[bad]}: {why_not_a_number(answer[bad])})."
 
 
 def close(answer, expected: float, rel: float = 1e-6) -> bool:
@@ -179,7 +290,7 @@ def numeric(answer, expected: float, rel: float, success: str, hint: str,
     """Check a numeric answer; `unit_hint` answers a value that is the expected GiB given in bytes."""
     value = as_number(answer)
     if value is None:
-        return report(False, "", f"answer with a number (got {shown(answer)}). {hint}")
+        return report(False, "", f"{number_hint(answer)} {hint}")
     ok = close(value, expected, rel)
     if not ok and unit_hint and close(value, expected * 1024**3, rel):
         return report(False, "", unit_hint)

@@ -127,3 +127,19 @@ def test_step_plots_draw_several_theory_lines():
     assert [line.get_label() for line in fig.axes[0].lines] == ["measured", "linear", "+ attn"]
     fig = ch01.plot_step_time_vs_length([1, 4, 16], [1e-3, 1.2e-3, 3e-3], [10, 40, 160])
     assert fig.axes[0].get_xscale() == "log"
+
+
+def test_growth_fit_scales_every_series_to_one_at_the_same_n():
+    fig = ch01.plot_growth_fit({"rows": [8, 16, 32], "time": [8, 16, 32, 64]},
+                               {"rows": [36, 136, 528], "time": [1.0, 3.5, 9.0, 20.0]},
+                               {"rows": (2.0, -0.5), "time": (1.5, -2.0)}, scale_at=16)
+    ax = fig.axes[0]
+    markers = [line for line in ax.lines if line.get_linestyle() == "None"]
+    for line in markers:
+        xs, ys = line.get_data()
+        assert ys[list(xs).index(16)] == pytest.approx(1.0)
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    matplotlib.pyplot.close(fig)
+    with pytest.raises(ValueError, match="scale_at=64"):
+        ch01.plot_growth_fit({"rows": [8, 16], "time": [8, 64]}, {"rows": [1, 2], "time": [1, 2]},
+                             {"rows": (1, 0), "time": (1, 0)}, scale_at=64)

@@ -17,7 +17,8 @@ matplotlib.use("Agg")
 
 def test_chapter_figures_draw():
     figs = [ch02.plot_prefill_decode(4, 3), ch02.plot_prefill_decode(30, 20),
-            ch02.plot_speedup_vs_tokens([8, 16], [2.0, 4.0], [4.5, 8.5]),
+            ch02.plot_speedup_vs_tokens([8, 16], {"one run": [2.0, 4.0]}, [4.5, 8.5]),
+            ch02.plot_speedup_vs_tokens([8, 16], {"repeats": [[1.5, 2.0, 2.5], [3.0, 4.0, 4.4]]}),
             ch02.plot_copy_cost([1, 2], {"dynamic": [10, 30], "static": [10, 20]}, {"dynamic": [2, 4],
                                                                                     "static": [2, 2]}),
             ch02.plot_copy_cost([1, 2], {"dynamic": [10, 30]}),
@@ -48,6 +49,13 @@ def test_decode_step_accepts_right_and_hints_wrong(capsys):
 
     assert not ch02.check_decode_step(unscaled)
     assert "1/√d" in capsys.readouterr().out
+
+    def top_left_causal(q, k, v, kc, vc):  # the is_causal=True slip: one query sees key 0 only
+        kc, vc = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, kc, vc, is_causal=True), kc, vc
+
+    assert not ch02.check_decode_step(top_left_causal)
+    assert "is_causal=True" in capsys.readouterr().out
     assert not ch02.check_decode_step(lambda *a: 1 / 0)
     assert "ZeroDivisionError" in capsys.readouterr().out
     assert not ch02.check_decode_step("not a function")
@@ -83,6 +91,8 @@ def test_chunk_prefill_accepts_right_and_names_the_classic_bugs(capsys):
         lambda s, n: (torch.arange(s + 1, s + n + 1), causal_mask(n, s + n)): "continues the sequence",
         lambda s, n: (torch.arange(s, s + n),
                       causal_mask(n, s + n) & (torch.arange(s + n) >= s)): "every cached",
+        # what is_causal=True builds for a (length, start + length) score matrix
+        lambda s, n: (torch.arange(s, s + n), torch.ones(n, s + n, dtype=torch.bool).tril()): "top left",
     }
     for wrong, words in bugs.items():
         assert not ch02.check_chunk_prefill(wrong)

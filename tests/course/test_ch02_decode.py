@@ -121,3 +121,11 @@ def test_without_a_chinese_font_characters_show_as_their_bytes(frames, monkeypat
     assert chips[3:5] == ["⟨e7 bc 93⟩", "⟨e5 ad 98⟩"]  # 缓 and 存, byte by byte
     rows = [t.get_text() for t in fig.axes[1].get_yticklabels()]
     assert rows[3:6] == ["e7 1/3", "bc 2/3", "93 3/3"]  # each row is one byte of 缓
+
+
+def test_the_attention_panel_numbers_its_rows(frames):
+    fig = ch02.plot_decode_frame(frames, 5)
+    (positions,) = fig.axes[3].child_axes      # the secondary axis on the right of the bars
+    assert "cached position" in positions.get_ylabel()
+    labels = [t.get_text() for t in positions.get_yticklabels()]
+    assert labels[:3] == ["0", "5", "10"]

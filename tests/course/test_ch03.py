@@ -23,7 +23,16 @@ from kvlab.course.ch03_cache_memory import (  # noqa: E402
     memory_models,
     plot_memory,
 )
-from kvlab.memory import GB, GPUS, GiB, format_bytes, kv_bytes_per_token, kv_cache_bytes, plan  # noqa: E402
+from kvlab.memory import (  # noqa: E402
+    CUDA_CONTEXT_BYTES,
+    GB,
+    GPUS,
+    GiB,
+    format_bytes,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    plan,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -36,22 +45,24 @@ def lines(text):
     return text.split("\n")
 
 
-def test_default_readout_llama_7b_on_a100_80gb():
+def test_default_readout_llama_2_7b_on_a100_80gb():
+    """The explorer opens on a model within its trained context (Llama-2-7B: 4,096 tokens), and the
+    readout counts the CUDA context as the planner does."""
     fig, text = plot_memory()
     assert isinstance(fig, Figure)
-    gpu, p = GPUS["A100 80GB"], plan(PRESETS["llama-7b"], "A100 80GB", 4096)
-    used = p.weight_bytes + p.cache_bytes
+    gpu, p = GPUS["A100 80GB"], plan(PRESETS["llama-2-7b"], "A100 80GB", 4096)
+    used = p.weight_bytes + p.cache_bytes + CUDA_CONTEXT_BYTES
     assert text == "\n".join([
-        "llama-7b (MHA): 32 layers × 32 KV heads × 128 dims = 512.00 KiB per token in fp16",
+        "llama-2-7b (MHA): 32 layers × 32 KV heads × 128 dims = 512.00 KiB per token in fp16",
         "KV cache for 4,096 tokens × batch 1: 2.00 GiB · weights (fp16): 12.55 GiB · "
         f"A100 80GB: {format_bytes(gpu.memory_bytes)}",
-        f"✓ Fits: {format_bytes(used)} used, {format_bytes(gpu.memory_bytes - used)} to spare.",
+        f"✓ Fits: {format_bytes(used)} used (weights + cache + 0.50 GiB CUDA context), "
+        f"{format_bytes(gpu.memory_bytes - used)} to spare.",
         f"Longest context that fits at batch 1: {p.max_context:,} tokens (the model was trained for up "
-        "to 2,048).",
+        "to 4,096).",
         f"Most concurrent sequences of 4,096 tokens that fit: {p.max_batch}.",
-        "⚠ 4,096 tokens is beyond the 2,048 llama-7b was trained for (shaded): the memory is real, the "
-        "model's quality there is not.",
     ])
+    assert used + p.free_for_cache - p.cache_bytes == gpu.memory_bytes  # "to spare" is the planner's
     assert p.max_batch > 25 and p.max_context > 100_000  # what the chapter says: about 30, over 100K
 
 
@@ -94,8 +105,9 @@ def test_extreme_settings_draw_and_explain():
 
 def test_weights_alone_do_not_fit():
     fig, text = plot_memory("llama-3.1-405b", 4096, 1, "fp16", "T4 16GB")
-    t4 = format_bytes(GPUS["T4 16GB"].memory_bytes)
-    assert f"✗ The weights alone (755.96 GiB) do not fit on T4 16GB ({t4}): no room for any cache." in text
+    t4 = format_bytes(GPUS["T4 16GB"].memory_bytes - CUDA_CONTEXT_BYTES)
+    assert f"✗ The weights alone (755.96 GiB) do not fit on T4 16GB ({t4} usable): no room for any " \
+        "cache." in text
     assert "Longest context that fits at batch 1: none." in text
     notes = [t.get_text() for t in fig.axes[0].texts]
     assert any("weights alone" in n for n in notes)
@@ -107,7 +119,8 @@ def test_the_gpu_line_and_the_current_point_are_drawn():
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"   # linear growth: a straight line
     gpu_lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     assert len(gpu_lines) == 1
-    assert gpu_lines[0].get_ydata()[0] == pytest.approx(GPUS["H200 141GB"].memory_bytes)
+    # the line is what the planner can use: the GPU's memory less the CUDA context
+    assert gpu_lines[0].get_ydata()[0] == pytest.approx(GPUS["H200 141GB"].memory_bytes - CUDA_CONTEXT_BYTES)
     marker = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
     p = plan(PRESETS["llama-2-70b"], "H200 141GB", 131072)
     assert marker[0].get_xdata()[0] == 131072
@@ -206,7 +219,7 @@ def test_widget_controls_readout_and_updates():
     controls["batch"].value = 4
     controls["cache dtype"].value = "int8"
     controls["GPU"].value = "H100 80GB"
-    assert shown() == plot_memory("llama-7b", 131072, 4, "int8", "H100 80GB")[1]
+    assert shown() == plot_memory("llama-2-7b", 131072, 4, "int8", "H100 80GB")[1]
     controls["model"].value = "custom"
     custom_box = [w for w in widgets if controls["layers"] in getattr(w, "children", ())][0]
     assert custom_box.layout.display == "flex"
@@ -227,7 +240,9 @@ def test_cache_size_checker(capsys):
     for wrong, hint in [(None, "answer with a number of GiB"), ("lots", "got 'lots'"),
                         (7, "K alone"), (98, "use n_kv_heads, not n_heads"),
                         (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
-                        (13, "PRESETS['qwen2.5-7b']")]:
+                        (28, "4 bytes an element (fp32)"), (1.75, "multiply by the batch (8"),
+                        (14 * 1024, "in MiB"), (15, "15.03 GB (10**9 bytes), rounded"),
+                        ("15.0", "rounded"), (13, "PRESETS['qwen2.5-7b']")]:
         assert bool(ch03.check_cache_size(wrong)) is False
         assert hint in capsys.readouterr().out, wrong
     assert ch03.check_cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8

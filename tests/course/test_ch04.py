@@ -162,3 +162,14 @@ def test_kv_heads_for_budget_is_what_the_budget_allows():
 test_any_wrong_answer_gets_a_hint = hint_test([ch04.check_kv_heads_for_budget],
                                               WRONG_VALUES + [8.5, -8, 0, 10**20])
 test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch04.check_kv_heads_for_budget])
+
+
+def test_a_preset_with_a_changed_shape_is_no_longer_named_as_that_model():
+    fig, text = ch04.plot_gqa("llama-3-8b", n_kv_heads=8, layers=40)
+    title = fig.axes[0].get_title()
+    plt.close(fig)
+    assert text.startswith("custom shape (from llama-3-8b): 40 layers")
+    assert "Published:" not in text and title.startswith("custom shape (from llama-3-8b)")
+    fig, text = ch04.plot_gqa("llama-3-8b", n_kv_heads=8)
+    plt.close(fig)
+    assert text.startswith("llama-3-8b: 32 layers") and "Published: llama-3-8b" in text

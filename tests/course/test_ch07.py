@@ -44,9 +44,41 @@ def test_chapter_07_checkers(capsys):
     assert not ch07.check_paged_blocks(None) and not ch07.check_paged_blocks((38, 22))
     assert not ch07.check_paged_blocks((39, 0)) and not ch07.check_paged_blocks("39")
     assert ch07.check_paged_blocks((2, 15), n_tokens=17, block_size=16)
-    assert ch07.check_paged_sequences_fit(93) and not ch07.check_paged_sequences_fit(32)
-    assert not ch07.check_paged_sequences_fit(None) and not ch07.check_paged_sequences_fit(94)
+    assert ch07.check_paged_sequences_fit(102) and not ch07.check_paged_sequences_fit(32)
+    assert not ch07.check_paged_sequences_fit(None) and not ch07.check_paged_sequences_fit(101)
+    assert ch07.check_paged_sequences_fit(93, n_tokens=700)  # the checker computes, for any numbers
     assert "round up" in capsys.readouterr().out
+
+
+# The likely slips in each exercise and a word of the hint that must name each one.
+BLOCKS_SLIPS = [((38, 18), "round up, not down"), ((38.5625, 14), "blocks come whole"),
+                ((39, 18), "how many tokens the last block holds"), ((39, 1248), "all the slots"),
+                ((14, 39), "swapped")]
+FIT_SLIPS = [(32, "reserves 2,048"), (40, "blocks one sequence takes"), (103, "round down"),
+             (104, "rounds up to 40"), (105, "not to the nearest"), (102.4, "only whole sequences")]
+
+
+def test_the_exercises_numbers_keep_each_slip_apart():
+    blocks, fit = ch07.PAGED_BLOCKS_EXERCISE, ch07.PAGED_FIT_EXERCISE
+    assert len({blocks["n_tokens"] // blocks["block_size"] + 1, blocks["n_tokens"] % blocks["block_size"],
+                -blocks["n_tokens"] % blocks["block_size"]}) == 3
+    right = fit["num_blocks"] // -(-fit["n_tokens"] // fit["block_size"])
+    assert len({a for a, _ in FIT_SLIPS} | {right}) == 7
+
+
+def test_each_likely_slip_gets_a_hint_that_names_it(capsys):
+    for answer, words in BLOCKS_SLIPS:
+        assert not ch07.check_paged_blocks(answer)
+        assert words in capsys.readouterr().out, answer
+    for answer, words in FIT_SLIPS:
+        assert not ch07.check_paged_sequences_fit(answer)
+        assert words in capsys.readouterr().out, answer
+
+
+def test_a_slip_that_lands_on_the_right_answer_is_not_called_a_slip(capsys):
+    # 700 tokens: 65,536 slots ÷ 700 = 93 is also 4,096 ÷ 44 blocks; the right answer must count
+    assert ch07.check_paged_sequences_fit(93, n_tokens=700)
+    assert "✓" in capsys.readouterr().out
 
 
 CHECKERS = [ch07.check_paged_blocks, ch07.check_paged_sequences_fit]

@@ -58,10 +58,16 @@ def test_budget_measurements_agree_with_kvlab_window(small):
     assert small["bytes_per_token"] == kv_bytes_per_token(model.config, "fp32")
     full = eviction.token_losses(model, ids).mean().item()
     assert small["losses"]["full"] == pytest.approx([full, full], rel=1e-5)
-    cache = eviction.bounded_cache("sinks + window", model.config, 2, 32, sinks=ch09.SINKS)
-    assert small["losses"]["sinks + window"][1] == pytest.approx(
-        eviction.token_losses(model, ids, cache).mean().item(), rel=1e-5)
+    cache = eviction.bounded_cache("sinks + window", model.config, 2, 32, sinks=ch09.SINKS,
+                                   positions=ch09.POSITIONS)
+    losses = eviction.token_losses(model, ids, cache)
+    assert small["losses"]["sinks + window"][1] == pytest.approx(losses.mean().item(), rel=1e-5)
     assert small["curves"]["window"][0].shape == (79,)
+    assert small["per_stream"]["window"][0].shape == (2, 79)
+    full_losses = eviction.token_losses(model, ids)
+    per_stream = (losses - full_losses).mean(1)
+    assert small["se"]["sinks + window"][1] == pytest.approx(per_stream.std().item() / 2 ** 0.5, rel=1e-4)
+    assert small["se"]["full"] == [0.0, 0.0]
 
 
 def test_budget_readout_and_curve(small):
@@ -73,12 +79,13 @@ def test_budget_readout_and_curve(small):
     assert f"Llama-3-8B would hold {format_bytes(16 * kv_bytes_per_token(PRESETS['llama-3-8b']))}" in second
     assert third.startswith(f"held-out loss {small['losses']['heavy hitters'][0]:.3f} nats/byte; "
                             f"full cache {small['losses']['full'][0]:.3f}")
+    assert f"± {small['se']['heavy hitters'][0]:.3f}, paired standard error over 2 streams" in third
     ax = fig.axes[0]
     current = [ln for ln in ax.get_lines() if ln.get_label() == "current setting"][0]
     assert current.get_xdata()[0] == 16
     assert current.get_ydata()[0] == pytest.approx(small["losses"]["heavy hitters"][0])
     full_text = ch09.plot_budget("full", 32, small)[1]
-    assert full_text.startswith("full: 80 of 80 positions") and "(+0.000)" in full_text
+    assert full_text.startswith("full: 80 of 80 positions") and "(+0.000 ± 0.000," in full_text
 
 
 @pytest.mark.parametrize("kwargs, message", [({"policy": "lru"}, "policy='lru'"),
@@ -147,6 +154,61 @@ def test_figures_draw_what_they_are_given():
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [1, 2]
 
 
+# --- the real model's measurements (run here on kvlab-tiny: the same code, any model) ---------------
+
+def test_sink_mass_is_the_attention_on_token_0_per_layer_and_head():
+    maps = [torch.full((1, 2, 8, 8), 1 / 8).tril() for _ in range(3)]
+    maps[1][0, 1, :, 0] = 0.5
+    mass = ch09.sink_mass(maps, skip=4)
+    assert mass.shape == (3, 2)
+    assert mass[1, 1] == pytest.approx(0.5) and mass[0, 0] == pytest.approx(1 / 8)
+    fig = ch09.plot_sink_heatmap(mass, 0.1)
+    assert fig.axes[0].images[0].get_array().shape == (3, 2)
+    with pytest.raises(ValueError, match="skip=8"):
+        ch09.sink_mass(maps, skip=8)
+
+
+def test_streaming_measurements_pair_every_policy_with_the_full_cache():
+    model = pretrained.load("kvlab-tiny")
+    ids = ch09.held_out_streams(40, 2)
+    r = ch09.streaming_measurements(model, ids, budget=8, block=8)
+    assert set(r["rows"]) == set(eviction.POLICIES) and r["start"] == 7
+    full = eviction.token_losses(model, ids)
+    assert r["per_position"]["full"] == pytest.approx(full, abs=1e-5)
+    window = eviction.token_losses(model, ids, eviction.bounded_cache("window", model.config, 2, 8,
+                                                                      positions="original"))
+    d = (window - full)[:, 7:7 + 32].reshape(-1, 8).mean(1)
+    row = r["rows"]["window"]
+    assert row["units"] == 8 and row["minus full"] == pytest.approx(d.mean().item(), abs=1e-5)
+    assert row["se"] == pytest.approx(d.std().item() / 8 ** 0.5, rel=1e-3)
+    assert row["perplexity"] == pytest.approx(float(torch.exp(window[:, 7:].mean())), rel=1e-5)
+    fig = ch09.plot_streaming(r)
+    assert [round(p.get_height(), 6) for p in fig.axes[0].patches] == [
+        round(r["rows"][p]["minus full"], 6) for p in eviction.POLICIES[1:]]
+
+
+class ChatML:
+    """A stand-in tokenizer: renders messages as ChatML text and 'tokenizes' it into characters."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+        text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
+        return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
+
+
+def test_chat_prompts_render_the_history_and_chat_hits_count_whole_blocks():
+    tok = ChatML()
+    prompts = ch09.chat_prompts(tok, "be brief", ["q1", "q2"], ["a1", "a2"])
+    text = ["".join(map(chr, p)) for p in prompts]
+    assert text == ["<system>be brief</><user>q1</><assistant>",
+                    "<system>be brief</><user>q1</><assistant>a1</><user>q2</><assistant>"]
+    generated = [[ord(c) for c in "a1</>"], [ord(c) for c in "a2"]]
+    hits = ch09.chat_hits(prompts, generated, block_size=4)
+    # turn 2 shares turn 1's prompt (41 characters) + answer (5), in whole blocks of 4
+    assert len(prompts[0]) == 41 and hits == [0, 44]
+    clock = ch09.chat_prompts(tok, lambda t: f"t{t}", ["q1", "q2"], ["a1", "a2"])
+    assert ch09.chat_hits(clock, generated, block_size=4) == [0, 8]   # "<system>t" differs at 9
+
+
 # --- the exercises --------------------------------------------------------------------------------
 
 def test_shared_prefix_blocks_checker(capsys):
@@ -157,7 +219,9 @@ def test_shared_prefix_blocks_checker(capsys):
     assert "✓" in capsys.readouterr().out
     for wrong, hint in [(20 * 75, "without sharing"), (63 + 20 * 12, "only partly full"),
                         (63 + 20 * 13, "private copy"), (right + 2, "only the prefix's full blocks"),
-                        ("many", "whole number")]:
+                        ("many", "whole number"), (75, "one user's blocks"),
+                        (62, "only the shared prefix blocks"), (63, "only the prefix's blocks"),
+                        (1000 + 20 * 200, "counts tokens"), (62 + 20 * 200 / 16, "blocks are whole")]:
         assert not ch09.check_shared_prefix_blocks(wrong)
         assert hint in capsys.readouterr().out, wrong
     assert ch09.check_shared_prefix_blocks(2 + 3 * 1, users=3, prefix_len=32, suffix_len=16)
@@ -167,8 +231,12 @@ def test_window_cache_checker(capsys):
     expected = kv_cache_bytes(PRESETS["mistral-7b"], 4096, 8) / GiB
     assert expected == 4
     assert ch09.check_window_cache_gib(4) and ch09.check_window_cache_gib("4.0")
+    mistral = PRESETS["mistral-7b"]
     for wrong, hint in [(32, "full 32,768-token context"), (4 * GiB, "looks like bytes"),
-                        (2, "the window, not the stream")]:
+                        (kv_cache_bytes(mistral, 100_000, 8) / GiB, "whole 100,000-token stream"),
+                        (0.5, "one stream"), (2, "factor 2"), (8, "fp32's 4"),
+                        (16, "not the 32 query heads"), (4 * GiB / 1e9, "that is GB"),
+                        (3, "the window, not the stream")]:
         assert not ch09.check_window_cache_gib(wrong)
         assert hint in capsys.readouterr().out, wrong
 
