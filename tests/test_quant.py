@@ -388,3 +388,80 @@ def test_minmax_refuses_bad_bits_and_groups():
         quant.fake_quantize_minmax(x, 2, "tensor")
     with pytest.raises(ValueError, match=r"needs a \(\.\.\., tokens, channels\) tensor"):
         quant.fake_quantize_minmax(torch.randn(8), 2, "token")
+
+
+# --- quality: FP8 with fixed scales and KIVI's 2-bit, measured like the int8 cache -----------------
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return Transformer(CFG).eval()
+
+
+def _decoded_one_at_a_time(model, ids, cache, prompt=8):
+    with torch.inference_mode():
+        steps = [model(ids[:, :prompt], cache=cache)]
+        steps += [model(ids[:, i:i + 1], cache=cache) for i in range(prompt, ids.shape[1])]
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("residual", [0, 16])
+def test_kivi_cache_gives_the_same_logits_in_one_pass_as_decoding(residual):
+    model = _tiny_model()
+    ids = torch.randint(0, CFG.vocab_size, (2, 80), generator=torch.Generator().manual_seed(3))
+    make = lambda: quality.KIVIKVCache(CFG, 2, 80, group_size=8, residual=residual)  # noqa: E731
+    with torch.inference_mode():
+        one_pass = model(ids, cache=make())
+        exact = model(ids)
+    torch.testing.assert_close(one_pass, _decoded_one_at_a_time(model, ids, make()), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(one_pass, exact, atol=1e-3)     # 2 bits do change the logits
+    k, v = make().read(0)
+    assert k.shape[2] == 0 and v.shape[2] == 0
+
+
+def test_kivi_cache_keeps_the_residual_exact_and_rounds_older_values():
+    cache = quality.KIVIKVCache(CFG, 1, 64, group_size=8, residual=16)
+    k = torch.randn(1, CFG.n_kv_heads, 40, CFG.head_dim)
+    v = torch.randn(1, CFG.n_kv_heads, 40, CFG.head_dim)
+    cache.update(0, k, v)
+    k_read, v_read = cache.read(0)
+    assert torch.equal(v_read[:, :, -16:], v[:, :, -16:]) and torch.equal(k_read[:, :, -16:], k[:, :, -16:])
+    assert not torch.equal(v_read[:, :, :24], v[:, :, :24]) and not torch.equal(k_read[:, :, :24], k[:, :, :24])
+    assert len(torch.unique(k_read[0, 0, :8, 0])) <= 4                 # 2 bits: at most 4 levels
+    assert cache.format_nbytes == quality.kivi_cache_bytes(CFG, 64, 1, 2, 8, 16)
+
+
+def test_fixed_scale_cache_rounds_each_token_on_arrival_and_saturates():
+    model = _tiny_model()
+    calib = torch.randint(0, CFG.vocab_size, (1, 48), generator=torch.Generator().manual_seed(4))
+    ka, va = quality.kv_absmax(model, calib, per_head=True)
+    assert ka.shape == (CFG.n_layers, CFG.n_kv_heads, 1, 1)
+    cache = quality.FixedScaleKVCache(CFG, 1, 16, fmt="e4m3", k_absmax=ka, v_absmax=va)
+    k = torch.randn(1, CFG.n_kv_heads, 4, CFG.head_dim) * ka[0].max()
+    k_read, _ = cache.update(0, k * 10, k)
+    assert k_read.abs().amax(dim=(0, 2, 3)).tolist() == pytest.approx(ka[0].flatten().tolist(), rel=1e-6)
+    assert cache.format_nbytes == 2 * CFG.n_layers * 16 * CFG.n_kv_heads * CFG.head_dim + 4 * 2 * ka.numel()
+    with pytest.raises(ValueError, match=r"k_absmax has shape \(3, 1, 1, 1\); allowed: \(2, 1 or 4, 1, 1\)"):
+        quality.FixedScaleKVCache(CFG, 1, 16, fmt="e5m2", k_absmax=torch.ones(3, 1, 1, 1), v_absmax=va)
+    with pytest.raises(ValueError, match="fmt='int4'"):
+        quality.FixedScaleKVCache(CFG, 1, 16, fmt="int4", k_absmax=ka, v_absmax=va)
+
+
+def test_window_losses_match_teacher_forced_decoding_and_pair_the_windows():
+    model = _tiny_model()
+    ids = torch.randint(0, CFG.vocab_size, (3, 48), generator=torch.Generator().manual_seed(5))
+    losses = quality.window_losses(model, ids, {"exact": None,
+                                                "int4": lambda b, t: QuantizedKVCache(CFG, b, t, bits=4)})
+    forced = quality.compare_caches(model, ids, 8, {"int4": dict(storage="int4")})["int4"]
+    torch.testing.assert_close(losses["int4"], forced["loss_quant_per_sequence"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(losses["exact"], forced["loss_exact_per_sequence"], rtol=1e-4, atol=1e-5)
+    d, se = quality.paired_change(losses["int4"], losses["exact"])
+    assert d == pytest.approx((losses["int4"] - losses["exact"]).mean().item()) and se > 0
+    with pytest.raises(ValueError, match="2 or more windows"):
+        quality.paired_change(losses["int4"][:1], losses["exact"][:1])
+
+
+def test_compare_caches_separates_a_caches_own_rounding_from_what_earlier_layers_carry():
+    model = _tiny_model()
+    ids = torch.randint(0, CFG.vocab_size, (2, 40), generator=torch.Generator().manual_seed(6))
+    r = quality.compare_caches(model, ids, 8, {"int8": dict(storage="int8", key_granularity="token")})["int8"]
+    assert 0 < r["v_rounding_error"] < 0.02 and 0 < r["k_rounding_error"] < 0.02
