@@ -16,8 +16,14 @@ import torch
 from . import validate
 from .cache import QuantizedKVCache, StaticKVCache
 from .cache.quantized import QuantizedTensorStore
-from .quant import (FP8_FORMATS, fake_quantize_fp8, fake_quantize_minmax, fp8_max, max_abs_error,
-                    relative_rms_error)
+from .quant import (
+    FP8_FORMATS,
+    fake_quantize_fp8,
+    fake_quantize_minmax,
+    fp8_max,
+    max_abs_error,
+    relative_rms_error,
+)
 
 STORAGE = ("fp32", "fp16", "int8", "int4")
 
@@ -36,10 +42,10 @@ def compare_caches(model, tokens: torch.Tensor, prompt_len: int, settings: dict[
     setting with a cache that stores K and V as setting["storage"]: "int8" / "int4" (a
     QuantizedKVCache built with the setting's other options), "fp16" (rounded to fp16) or "fp32".
 
-    Returns {label: metrics}: the relative RMS errors of K, V (all layers) against the exact run's
-    ("k_relative_rms_error": its rounding plus what earlier layers' rounding carried into it), of
-    K and V against what this run put into its own cache ("k_rounding_error", "v_rounding_error":
-    the rounding alone), of the attention outputs (all layers) and of the logits; the logits' max abs error; the fraction of positions whose greedy
+    Returns {label: metrics}: the relative RMS errors of K, V (all layers) against the exact
+    run's ("k_relative_rms_error": its rounding plus what earlier layers' rounding carried into
+    it), of K and V against what this run put into its own cache ("k_rounding_error",
+    "v_rounding_error": the rounding alone), of the attention outputs (all layers) and of the logits; the logits' max abs error; the fraction of positions whose greedy
     (arg-max) token agrees; the next-token loss (nats per token) of the exact and of this run, and
     each sequence's mean loss (tensors of B: "loss_exact_per_sequence", "loss_quant_per_sequence"),
     for a paired standard error; the cache's nbytes and the number of predictions. A setting with
@@ -51,8 +57,8 @@ def compare_caches(model, tokens: torch.Tensor, prompt_len: int, settings: dict[
     if tokens.dim() != 2 or not 1 <= prompt_len < tokens.shape[1]:
         raise ValueError(f"tokens must be (batch, T) with T > prompt_len={prompt_len} >= 1; "
                          f"got shape {tuple(tokens.shape)}")
-    caches = {label: options(*tokens.shape) if callable(options) else _storage_cache(model, tokens, **dict(options))
-              for label, options in settings.items()}
+    caches = {label: options(*tokens.shape) if callable(options)
+              else _storage_cache(model, tokens, **dict(options)) for label, options in settings.items()}
     exact_logits, exact_attn, exact_cache = _teacher_forced(model, tokens, prompt_len,
                                                             _storage_cache(model, tokens, "fp32"))[:3]
     targets = tokens[:, 1:].reshape(-1)
@@ -190,8 +196,10 @@ def _teacher_forced(model, tokens, prompt_len, cache, record: bool = False):
             h.remove()
         if record:
             del cache.update
-    inputs = (torch.cat([torch.cat([k for k, _ in g], dim=2).float() for g in given], dim=-1),
-              torch.cat([torch.cat([v for _, v in g], dim=2).float() for g in given], dim=-1)) if record else None
+    inputs = None
+    if record:  # laid out as _all_layers: each layer's (B, H, S, D), the layers side by side
+        inputs = tuple(torch.cat([torch.cat([kv[i] for kv in g], dim=2).float() for g in given], dim=-1)
+                       for i in (0, 1))
     return (torch.cat(logits, dim=1)[:, :-1].float(),
             torch.cat([torch.cat(a, dim=1) for a in attn_out], dim=-1).float(), cache, inputs)
 

@@ -338,7 +338,8 @@ def _quantize_keys_hint(k, result) -> str:
         return (f"codes must be int8 with k's shape {tuple(k.shape)}; got {codes.dtype}, "
                 f"{tuple(codes.shape)}.")
     if scale.is_complex() or not scale.is_floating_point():
-        return f"scale must hold real floats (torch.float32, or float16 to halve its bytes); got {scale.dtype}."
+        return ("scale must hold real floats (torch.float32, or float16 to halve its bytes); got "
+                f"{scale.dtype}.")
     if scale.numel() == 1:
         return ("that is one scale for the whole tensor: take the absmax of each channel (column), "
                 "over the tokens: k.abs().amax(dim=0, keepdim=True).")
