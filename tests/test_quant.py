@@ -320,7 +320,8 @@ def test_check_scale_refuses_sparse_meta_and_non_broadcasting_scales():
     for bad, message in ((torch.ones(3, 5, 8).to_sparse(), "dense"),
                          (torch.ones(1, device="meta"), "dense"),
                          (torch.ones(4, 1, 1), r"does not broadcast against x of shape \(3, 5, 8\)"),
-                         (torch.ones(3, 5, 8, 1), "does not broadcast"), (torch.tensor([float("nan")]), "finite"),
+                         (torch.ones(3, 5, 8, 1), "does not broadcast"),
+                         (torch.tensor([float("nan")]), "finite"),
                          (torch.ones(2, dtype=torch.int32), "real floating-point"), ("0.5", "torch.Tensor")):
         with pytest.raises(ValueError, match=message):
             quant.check_scale(bad, x)
@@ -428,7 +429,8 @@ def test_kivi_cache_keeps_the_residual_exact_and_rounds_older_values():
     k_read, v_read = cache.read(0)
     assert torch.equal(v_read[:, :, -16:], v[:, :, -16:])
     assert torch.equal(k_read[:, :, -16:], k[:, :, -16:])
-    assert not torch.equal(v_read[:, :, :24], v[:, :, :24]) and not torch.equal(k_read[:, :, :24], k[:, :, :24])
+    assert not torch.equal(v_read[:, :, :24], v[:, :, :24])
+    assert not torch.equal(k_read[:, :, :24], k[:, :, :24])
     assert len(torch.unique(k_read[0, 0, :8, 0])) <= 4                 # 2 bits: at most 4 levels
     assert cache.format_nbytes == quality.kivi_cache_bytes(CFG, 64, 1, 2, 8, 16)
 
