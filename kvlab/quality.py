@@ -46,7 +46,8 @@ def compare_caches(model, tokens: torch.Tensor, prompt_len: int, settings: dict[
     run's ("k_relative_rms_error": its rounding plus what earlier layers' rounding carried into
     it), of K and V against what this run put into its own cache ("k_rounding_error",
     "v_rounding_error": the rounding alone), of the attention outputs (all layers) and of the
-    logits; the logits' max abs error; the fraction of positions whose greedy (arg-max) token agrees; the next-token loss (nats per token) of the exact and of this run, and
+    logits; the logits' max abs error; the fraction of positions whose greedy (arg-max) token agrees;
+    the next-token loss (nats per token) of the exact and of this run, and
     each sequence's mean loss (tensors of B: "loss_exact_per_sequence", "loss_quant_per_sequence"),
     for a paired standard error; the cache's nbytes and the number of predictions. A setting with
     `key_window=False` measures NoWindowQuantizedKVCache (every key quantized); a setting may also
