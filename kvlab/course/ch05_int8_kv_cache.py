@@ -57,10 +57,11 @@ def plot_granularity_errors(errors: dict, title: str = ""):
     return fig
 
 
-def plot_perplexity_change(change: dict, title: str = ""):
-    """Held-out loss change of each cache against the exact one (nats per byte), with ± 2 paired
-    standard errors: `change` maps a label to (difference, standard error). A bar whose error bar
-    crosses zero is a change that cannot be told from noise."""
+def plot_perplexity_change(change: dict, title: str = "", unit: str = "byte"):
+    """Held-out loss change of each cache against the exact one (nats per `unit`: "byte" for
+    kvlab-tiny, "token" for a BPE model), with ± 2 paired standard errors: `change` maps a label to
+    (difference, standard error). A bar whose error bar crosses zero is a change that cannot be
+    told from noise."""
     import numpy as np
 
     labels = list(change)
@@ -78,7 +79,8 @@ def plot_perplexity_change(change: dict, title: str = ""):
     ax.invert_yaxis()
     lim = float(np.max(np.abs(delta) + 2 * se)) * 1.9 or 1.0
     ax.set_xlim(-lim / 3, lim)
-    ax.set_xlabel("held-out loss change vs the exact cache (nats per byte), ± 2 paired SE")
+    unit = validate.choice("unit", unit, ("byte", "token"))
+    ax.set_xlabel(f"held-out loss change vs the exact cache (nats per {unit}), ± 2 paired SE")
     ax.set_title(title or "perplexity change", fontsize=10)
     return fig
 

@@ -172,6 +172,10 @@ def test_perplexity_change_draws_two_standard_errors():
     labels = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
     assert labels == ["+1.00e-05 ± 4.0e-05", "+2.00e-03 ± 8.0e-04"]
+    fig = ch05.plot_perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, unit="token")
+    label = fig.axes[0].get_xlabel()
+    plt.close(fig)
+    assert "nats per token" in label
 
 
 def test_the_quality_panel_says_which_model_it_was_measured_on():
