@@ -334,7 +334,7 @@ def plot_sharing(users: int = 16, prefix_len: int = 1024, suffix_len: int = 64, 
         f"({s.saved_fraction:.0%} fewer)",
         f"{model} KV cache (fp16): {format_bytes(s.bytes_alone)} → {format_bytes(s.bytes_shared)}",
         f"prefill: {saved_tokens:,} of {s.prefill_tokens_alone:,} prompt tokens not recomputed, "
-        f"≈ {prefill_flops(config, saved_tokens) / 1e12:,.1f} TFLOPs saved (2 × layer weights × tokens)",
+        f"≈ {prefill_flops(config, saved_tokens) / 1e12:,.1f} TFLOP saved (2 × layer weights × tokens)",
     ])
     return fig, text
 
