@@ -22,6 +22,22 @@ This is a path of its own, named as such (`fast_generate`), beside `kvlab.genera
 runs the model's forward with any cache; both drive the one loop of `kvlab.sampling.decode_loop`, and
 in fp32 they give the same greedy tokens. The decoder counts the positions it has filled itself
 (`seq_len`), outside the recorded step.
+
+Two choices made for the CPU, where a batch-1 step is a chain of matrix-vector products that stream
+the weights from memory (chapter 06 profiles it on SmolLM2-135M):
+
+* **Weight layout.** `F.linear(x, W)` reads W as stored, (out, in). For a matrix with short rows and
+  many of them (SmolLM2's 49,152 × 576 output layer, its 3,072 × 576 gate/up projection) the CPU's
+  BLAS streams that layout at about half the bandwidth it reaches on the transposed one, (in, out),
+  multiplied as `x @ W_t`. So on the CPU the decoder keeps its own contiguous (in, out) copy of every
+  weight matrix (`weight_layout="input-major"`: as many bytes again as the model's matrices, reported
+  by `weight_copy_bytes`; build the decoder after the weights are final). On a GPU it multiplies by
+  a transposed *view* of the model's own weights (`"model"`: no copy, the same kernel as
+  `F.linear`).
+* **Attention on one thread.** The attention of one new token over a few hundred cached positions is
+  a few microseconds of arithmetic; split over two threads, every call waits for the second thread to
+  be scheduled, which on a busy machine costs far more than the work. The eager step runs it on one
+  thread (a compiled step leaves the choice to the compiler).
 """
 
 from __future__ import annotations
@@ -41,6 +57,7 @@ from .sampling import as_batch, check_generate_args, check_model, check_sampling
 from .validate import choice, integer
 
 MODES = ("eager", "graph", "compile")
+WEIGHT_LAYOUTS = ("auto", "input-major", "model")
 
 
 class FastDecoder(nn.Module):
@@ -54,8 +71,10 @@ class FastDecoder(nn.Module):
     Python).
     """
 
-    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int):
+    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int,
+                 weight_layout: str = "auto"):
         super().__init__()
+        choice("weight_layout", weight_layout, WEIGHT_LAYOUTS)
         cfg = check_model(model).config
         batch_size = integer("batch_size", batch_size, 1)
         max_seq_len = integer("max_seq_len", max_seq_len, 1)
@@ -65,6 +84,9 @@ class FastDecoder(nn.Module):
         self.model = model
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
         param = next(model.parameters())
+        if weight_layout == "auto":  # see the module docstring: the CPU streams (in, out) faster
+            weight_layout = "input-major" if param.device.type == "cpu" else "model"
+        self.weight_layout = weight_layout
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
         k = allocate(shape, param.dtype, param.device, "the fast decoder's K cache")
         v = torch.zeros_like(k)
@@ -83,13 +105,24 @@ class FastDecoder(nn.Module):
                              persistent=False)
         self.register_buffer("rope", torch.stack([cos, sin], dim=1), persistent=False)
         # Each layer's weights looked up once: an nn.Module attribute lookup costs about as much as
-        # a small tensor operation, and a decode step would do dozens.
-        self.layer_weights = [_LayerWeights.of(block) for block in model.layers]
+        # a small tensor operation, and a decode step would do dozens. Each matrix is kept as the
+        # right-hand operand R of y = x @ R, (in, out): a copy or a view (module docstring).
+        copy = weight_layout == "input-major"
+        self.layer_weights = [_LayerWeights.of(block, copy) for block in model.layers]
+        self.head = _right_operand(model.lm_head.weight, copy)
 
     @property
     def nbytes(self) -> int:
         """Bytes the K and V buffers hold (all S_max positions, used or not)."""
         return self.k.nbytes + self.v.nbytes
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        """Bytes of the decoder's own copy of the weight matrices (0 when it uses the model's)."""
+        if self.weight_layout == "model":
+            return 0
+        return self.head.nbytes + sum(w.nbytes for lw in self.layer_weights
+                                      for w in (lw.qkv, lw.out, lw.gate_up, lw.down))
 
     def step(self, ids: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """One forward pass over fixed shapes: write K, V at input_pos, attend over all S_max slots.
@@ -118,7 +151,7 @@ class FastDecoder(nn.Module):
             mask = mask.repeat(n_rep, 1)                       # (n_rep·T, S_max)
         x = F.embedding(ids, m.embed.weight)
         for i, w in enumerate(self.layer_weights):
-            qkv = F.linear(_rms_norm(x, w.attn_norm, w.eps), w.qkv, w.qkv_bias).view(b, t, -1, d)
+            qkv = _linear(_rms_norm(x, w.attn_norm, w.eps), w.qkv, w.qkv_bias).view(b, t, -1, d)
             qk = qkv[:, :, :n_q + n_kv]                        # rotate Q and K at once
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
             k = qk[:, :, n_q:].transpose(1, 2)                 # (B, H_kv, T, D)
@@ -130,16 +163,15 @@ class FastDecoder(nn.Module):
             k_all, v_all = self.k[i], self.v[i]                # views (B, H_kv, S_max, D)
             k_all.index_copy_(2, input_pos, k)                 # in place: fixed address, fixed shape
             v_all.index_copy_(2, input_pos, v)
-            y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # (B, H_kv, n_rep·T, D)
+            y = _attend(q, k_all, v_all, mask)                 # (B, H_kv, n_rep·T, D)
             if t == 1:
                 y = y.reshape(b, 1, -1)
             else:
                 y = y.view(b, n_kv, n_rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # heads in order
-            x = x + F.linear(y, w.out, w.out_bias)
-            gate, up = F.linear(_rms_norm(x, w.ffn_norm, w.eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down, w.down_bias)
-        head = m.lm_head
-        return F.linear(_rms_norm(x[:, -1], m.norm.weight, m.norm.eps), head.weight, head.bias)
+            x = x + _linear(y, w.out, w.out_bias)
+            gate, up = _linear(_rms_norm(x, w.ffn_norm, w.eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, w.down, w.down_bias)
+        return _linear(_rms_norm(x[:, -1], m.norm.weight, m.norm.eps), self.head, m.lm_head.bias)
 
     def reset(self) -> None:
         """Clear the cache (not needed for correctness: the mask hides old positions)."""
@@ -149,7 +181,8 @@ class FastDecoder(nn.Module):
 
 
 class _LayerWeights(NamedTuple):
-    """The tensors one decoder block computes with (a bias is None when the model has none)."""
+    """The tensors one decoder block computes with (a bias is None when the model has none); each
+    weight matrix as the right operand of x @ R, shaped (in, out) (`_right_operand`)."""
 
     attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
@@ -164,11 +197,34 @@ class _LayerWeights(NamedTuple):
     down_bias: torch.Tensor | None
 
     @classmethod
-    def of(cls, block) -> _LayerWeights:
+    def of(cls, block, copy: bool) -> _LayerWeights:
         a, f = block.attn, block.ffn
+        r = [_right_operand(lin.weight, copy) for lin in (a.qkv, a.out, f.gate_up, f.down)]
         return cls(block.attn_norm.weight, block.ffn_norm.weight, block.attn_norm.eps,
-                   a.qkv.weight, a.qkv.bias, a.out.weight, a.out.bias,
-                   f.gate_up.weight, f.gate_up.bias, f.down.weight, f.down.bias)
+                   r[0], a.qkv.bias, r[1], a.out.bias, r[2], f.gate_up.bias, r[3], f.down.bias)
+
+
+def _right_operand(weight: torch.Tensor, copy: bool) -> torch.Tensor:
+    """W (out, in) as R = Wᵀ (in, out), so x @ R == F.linear(x, W): a contiguous copy, or a view."""
+    return weight.detach().t().contiguous() if copy else weight.detach().t()
+
+
+def _linear(x: torch.Tensor, right: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear with the weight given as its right operand (in, out)."""
+    y = x @ right
+    return y if bias is None else y + bias
+
+
+def _attend(q, k, v, mask) -> torch.Tensor:
+    """Masked attention; on the CPU, outside a compiled graph, on one thread (module docstring)."""
+    if torch.compiler.is_compiling() or q.device.type != "cpu" or torch.get_num_threads() == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        torch.set_num_threads(threads)
 
 
 # torch >= 2.4 has a fused RMSNorm; on older versions the step writes it out.

@@ -15,7 +15,15 @@ import torch
 
 from . import validate
 from .cache import QuantizedKVCache, StaticKVCache
-from .quant import max_abs_error, relative_rms_error
+from .cache.quantized import QuantizedTensorStore
+from .quant import (
+    FP8_FORMATS,
+    fake_quantize_fp8,
+    fake_quantize_minmax,
+    fp8_max,
+    max_abs_error,
+    relative_rms_error,
+)
 
 STORAGE = ("fp32", "fp16", "int8", "int4")
 
@@ -34,32 +42,39 @@ def compare_caches(model, tokens: torch.Tensor, prompt_len: int, settings: dict[
     setting with a cache that stores K and V as setting["storage"]: "int8" / "int4" (a
     QuantizedKVCache built with the setting's other options), "fp16" (rounded to fp16) or "fp32".
 
-    Returns {label: metrics}: the relative RMS errors of K, V (all layers), the attention outputs
-    (all layers) and the logits; the logits' max abs error; the fraction of positions whose greedy
-    (arg-max) token agrees; the next-token loss (nats per token) of the exact and of this run, and
+    Returns {label: metrics}: the relative RMS errors of K, V (all layers) against the exact
+    run's ("k_relative_rms_error": its rounding plus what earlier layers' rounding carried into
+    it), of K and V against what this run put into its own cache ("k_rounding_error",
+    "v_rounding_error": the rounding alone), of the attention outputs (all layers) and of the
+    logits; the logits' max abs error; the fraction of positions whose greedy (arg-max) token agrees;
+    the next-token loss (nats per token) of the exact and of this run, and
     each sequence's mean loss (tensors of B: "loss_exact_per_sequence", "loss_quant_per_sequence"),
     for a paired standard error; the cache's nbytes and the number of predictions. A setting with
-    `key_window=False` measures NoWindowQuantizedKVCache (every key quantized).
+    `key_window=False` measures NoWindowQuantizedKVCache (every key quantized); a setting may also
+    be a function (batch, T) -> an empty cache (FixedScaleKVCache, KIVIKVCache, …).
     """
     tokens = torch.as_tensor(tokens)
     prompt_len = validate.integer("prompt_len", prompt_len)
     if tokens.dim() != 2 or not 1 <= prompt_len < tokens.shape[1]:
         raise ValueError(f"tokens must be (batch, T) with T > prompt_len={prompt_len} >= 1; "
                          f"got shape {tuple(tokens.shape)}")
-    caches = {label: _storage_cache(model, tokens, **dict(options)) for label, options in settings.items()}
+    caches = {label: options(*tokens.shape) if callable(options)
+              else _storage_cache(model, tokens, **dict(options)) for label, options in settings.items()}
     exact_logits, exact_attn, exact_cache = _teacher_forced(model, tokens, prompt_len,
-                                                            _storage_cache(model, tokens, "fp32"))
+                                                            _storage_cache(model, tokens, "fp32"))[:3]
     targets = tokens[:, 1:].reshape(-1)
     cross_entropy = torch.nn.functional.cross_entropy
     k_exact, v_exact = _all_layers(exact_cache)
     vocab = exact_logits.shape[-1]
     out = {}
     for label, cache in caches.items():
-        logits, attn, cache = _teacher_forced(model, tokens, prompt_len, cache)
+        logits, attn, cache, (k_in, v_in) = _teacher_forced(model, tokens, prompt_len, cache, record=True)
         k_stored, v_stored = _all_layers(cache)
         out[label] = {
             "k_relative_rms_error": relative_rms_error(k_exact, k_stored),
             "v_relative_rms_error": relative_rms_error(v_exact, v_stored),
+            "k_rounding_error": relative_rms_error(k_in, k_stored),
+            "v_rounding_error": relative_rms_error(v_in, v_stored),
             "attention_relative_rms_error": relative_rms_error(exact_attn, attn),
             "logits_relative_rms_error": relative_rms_error(exact_logits, logits),
             "logits_max_abs_error": max_abs_error(exact_logits, logits),
@@ -159,19 +174,35 @@ def _storage_cache(model, tokens, storage: str = "int8", **cache_options):
     return RoundedKVCache(config, batch, total, dtype=dtype, device=tokens.device, storage_dtype=stored)
 
 
-def _teacher_forced(model, tokens, prompt_len, cache):
-    """(logits of every prediction, attention outputs of all layers, the filled cache)."""
+def _teacher_forced(model, tokens, prompt_len, cache, record: bool = False):
+    """(logits of every prediction, attention outputs of all layers, the filled cache, and with
+    `record` the K and V this run put into the cache, all layers, laid out as `_all_layers`)."""
     attn_out: list[list[torch.Tensor]] = [[] for _ in model.layers]
     hooks = [layer.attn.register_forward_hook(lambda _m, _i, out, store=attn_out[i]: store.append(out))
              for i, layer in enumerate(model.layers)]
+    given: list[list[tuple]] = [[] for _ in model.layers]
+    update = cache.update
+
+    def recording(layer, k, v):
+        given[layer].append((k.detach(), v.detach()))
+        return update(layer, k, v)
+
+    if record:
+        cache.update = recording  # on this cache object only: what the model hands it
     try:
         logits = [model(tokens[:, :prompt_len], cache=cache)]
         logits += [model(tokens[:, t:t + 1], cache=cache) for t in range(prompt_len, tokens.shape[1])]
     finally:
         for h in hooks:
             h.remove()
+        if record:
+            del cache.update
+    inputs = None
+    if record:  # laid out as _all_layers: each layer's (B, H, S, D), the layers side by side
+        inputs = tuple(torch.cat([torch.cat([kv[i] for kv in g], dim=2).float() for g in given], dim=-1)
+                       for i in (0, 1))
     return (torch.cat(logits, dim=1)[:, :-1].float(),
-            torch.cat([torch.cat(a, dim=1) for a in attn_out], dim=-1).float(), cache)
+            torch.cat([torch.cat(a, dim=1) for a in attn_out], dim=-1).float(), cache, inputs)
 
 
 def _all_layers(cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,6 +210,169 @@ def _all_layers(cache) -> tuple[torch.Tensor, torch.Tensor]:
     layers = [cache.read(i) for i in range(cache.config.n_layers)]
     return (torch.cat([k.float() for k, _ in layers], dim=-1),
             torch.cat([v.float() for _, v in layers], dim=-1))
+
+
+# ---- other formats, for the practitioner's comparison: FP8 with fixed scales, KIVI's 2-bit ------------
+
+FIXED_FORMATS = (*FP8_FORMATS, "int8")
+
+
+@torch.inference_mode()
+def kv_absmax(model, tokens: torch.Tensor, per_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """max |K| and max |V| of each layer (per_head: of each KV head) over `tokens` run through an
+    exact cache: calibration data for fixed scales. Two tensors (n_layers, 1 or H_kv, 1, 1)."""
+    tokens = torch.as_tensor(tokens)
+    cache = StaticKVCache(model.config, tokens.shape[0], tokens.shape[1],
+                          dtype=next(model.parameters()).dtype, device=tokens.device)
+    model(tokens, cache=cache)
+    dims = (0, 2, 3) if per_head else (0, 1, 2, 3)   # of each layer's (B, H_kv, S, D)
+    amax = [[side[layer, :, :, :tokens.shape[1]].abs().float().amax(dims, keepdim=True)[0]
+             for layer in range(model.config.n_layers)] for side in (cache.k, cache.v)]
+    return torch.stack(amax[0]), torch.stack(amax[1])
+
+
+class FixedScaleKVCache(StaticKVCache):
+    """K and V rounded to `fmt` ("e4m3", "e5m2": FP8; "int8": absmax codes) with scales fixed in
+    advance: per layer, one for the whole tensor or one per KV head (`k_absmax`, `v_absmax` of shape
+    (n_layers, 1 or H_kv, 1, 1), from `kv_absmax` on calibration text), as vLLM's FP8 KV cache
+    scales. Each token is rounded the moment it arrives, so feeding a prompt at once or token by
+    token gives the same values. A value beyond the calibrated range saturates. A simulation for
+    measuring quality: it keeps the rounded values in the model's dtype (`format_nbytes` counts
+    the bytes the format would take: one a number plus the scales)."""
+
+    def __init__(self, config, batch_size, max_seq_len, dtype=torch.float32, device="cpu", *,
+                 fmt: str = "e4m3", k_absmax: torch.Tensor, v_absmax: torch.Tensor):
+        super().__init__(config, batch_size, max_seq_len, dtype=dtype, device=device)
+        self.fmt = validate.choice("fmt", fmt, FIXED_FORMATS)
+        top = 127.0 if fmt == "int8" else fp8_max(fmt)
+        self.scales = []
+        for name, amax in (("k_absmax", k_absmax), ("v_absmax", v_absmax)):
+            validate.tensor(name, amax, floating=True)
+            if amax.dim() != 4 or amax.shape[0] != self.config.n_layers or amax.shape[1] not in (
+                    1, self.config.n_kv_heads) or amax.shape[2:] != (1, 1):
+                raise ValueError(f"{name} has shape {tuple(amax.shape)}; allowed: "
+                                 f"({self.config.n_layers}, 1 or {self.config.n_kv_heads}, 1, 1)")
+            self.scales.append(amax.float().clamp(min=1e-12).to(self.k.device) / top)
+
+    def _round(self, x, scale):
+        if self.fmt == "int8":
+            return (torch.round(x.float() / scale).clamp(-127, 127) * scale).to(x.dtype)
+        return fake_quantize_fp8(x, scale, self.fmt)
+
+    def update(self, layer, k, v):
+        ks, vs = self.scales[0][layer], self.scales[1][layer]
+        return super().update(layer, self._round(k, ks), self._round(v, vs))
+
+    def read(self, layer):
+        n = self.lengths[layer]
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+    @property
+    def format_nbytes(self) -> int:
+        """Bytes of the format: one a number (the codes) plus the fp32 scales."""
+        return self.k.numel() + self.v.numel() + 4 * sum(s.numel() for s in self.scales)
+
+
+class _RoundedStore(QuantizedTensorStore):
+    """A QuantizedTensorStore that keeps each block as `rounding` reads it back (floats), not codes:
+    the cache's blocks, residual window and per-query views stay exactly QuantizedKVCache's."""
+
+    def __init__(self, layout, n_layers, batch, dtype, device, rounding):
+        super().__init__(layout, n_layers, batch, dtype, torch.float16, device)
+        self.codes = torch.zeros(n_layers, batch, layout.max_seq_len, layout.width, dtype=dtype,
+                                 device=self.codes.device)
+        self.rounding = rounding  # (B, blocks, block, width) -> the same, as read back
+
+    def _quantize_blocks(self, x):
+        b, t, w = x.shape
+        block = self.layout.block
+        values = self.rounding(x.reshape(b, t // block, block, w)).reshape(b, t, w)
+        return values, self.scales.new_zeros(b, t // block, 1, self.layout.scale_width)
+
+    def read(self, layer):
+        n = self.quantized[layer]
+        window = self.exact[layer][:, n - self.exact_from[layer]:]
+        rows = torch.cat([self.codes[layer, :, :n], window], dim=1)
+        return rows.reshape(rows.shape[0], rows.shape[1], self.layout.heads,
+                            self.layout.head_dim).transpose(1, 2)
+
+
+class KIVIKVCache(QuantizedKVCache):
+    """KIVI-style asymmetric low-bit cache (Liu et al. 2024): keys per channel over blocks of
+    `group_size` tokens, values per token in groups of `group_size` channels (within a head), both
+    with a min/max zero point (`kvlab.quant.fake_quantize_minmax`), and the `residual` most recent
+    tokens of both in full precision (KIVI: 2 bits, group 32, residual 128). The layout, window
+    and per-query views are QuantizedKVCache's (keys are quantized a block at a time once older
+    than the residual, where KIVI quantizes R at a time; both keep R to R + group − 1 keys exact).
+    A simulation for measuring quality: it keeps the rounded values as floats; `format_nbytes`
+    counts what the format would store (packed codes, an fp16 scale and zero point per group, the
+    fp16 window)."""
+
+    def __init__(self, config, batch_size, max_seq_len, dtype=torch.float32, device="cpu", *,
+                 bits: int = 2, group_size: int = 32, residual: int = 128):
+        super().__init__(config, batch_size, max_seq_len, dtype=dtype, device=device, bits=8,
+                         key_granularity="channel", value_granularity="token", group_size=group_size,
+                         residual=residual)
+        self.bits = bits
+        fake_quantize_minmax(torch.zeros(1, self.config.head_dim), bits, "token",
+                             min(group_size, self.config.head_dim))   # refuses bad bits / groups now
+        value_group = min(group_size, self.config.head_dim)
+
+        def keys(blocks):    # (B, n, block, width): per channel over each block's tokens
+            return fake_quantize_minmax(blocks, bits, "channel")
+
+        def values(rows):    # (B, n, 1, width): per token, groups of channels
+            return fake_quantize_minmax(rows, bits, "token", value_group)
+
+        self.sides = {side: _RoundedStore(store.layout, self.config.n_layers, batch_size, dtype,
+                                          device, fn)
+                      for (side, store), fn in zip(self.sides.items(), (keys, values), strict=True)}
+
+    @property
+    def format_nbytes(self) -> int:
+        return kivi_cache_bytes(self.config, self.max_seq_len, self.batch_size, self.bits,
+                                self.group_size, self.residual)
+
+
+def kivi_cache_bytes(config, seq_len: int, batch_size: int = 1, bits: int = 2, group_size: int = 32,
+                     residual: int = 128) -> int:
+    """Bytes KIVIKVCache's format takes for seq_len positions: packed codes, an fp16 scale and zero
+    point per group (K: a channel over group_size tokens; V: group_size channels of a token), and
+    the fp16 full-precision window (residual + group_size − 1 keys, residual values)."""
+    c, n = config, validate.integer("seq_len", seq_len)
+    width, g = c.n_kv_heads * c.head_dim, validate.integer("group_size", group_size)
+    codes = 2 * n * width * bits // 8
+    groups = -(-n // g) * width + n * width // min(g, c.head_dim)
+    window = min(residual + g - 1, n) + min(residual, n)
+    return validate.integer("batch_size", batch_size) * c.n_layers * (codes + 4 * groups + 2 * window * width)
+
+
+@torch.inference_mode()
+def window_losses(model, windows: torch.Tensor, caches: dict, score_from: int = 1) -> dict:
+    """Each window's mean next-token loss (nats per token) over the positions from `score_from`
+    on, with each cache of `caches` (label -> a function (batch, T) -> an empty cache; None: no
+    cache, the exact model). One prefill pass a window batch: kvlab's quantized caches give every
+    query what it would have read decoding token by token, so the loss is the decoding loss."""
+    windows = torch.as_tensor(windows)
+    b, t = windows.shape
+    score_from = validate.integer("score_from", score_from, low=1, high=t - 1)
+    targets = windows[:, score_from:]
+    out = {}
+    for label, make in caches.items():
+        logits = model(windows, cache=None if make is None else make(b, t))[:, score_from - 1:-1]
+        nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                 targets.reshape(-1), reduction="none")
+        out[label] = nats.view(b, -1).mean(dim=1).cpu()
+    return out
+
+
+def paired_change(losses: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
+    """(mean of losses − baseline, its standard error): the change measured window by window, so
+    the windows' own difficulty cancels. Needs two or more windows."""
+    d = (torch.as_tensor(losses) - torch.as_tensor(baseline)).double()
+    if d.dim() != 1 or d.numel() < 2:
+        raise ValueError(f"need the per-window losses of 2 or more windows; got shape {tuple(d.shape)}")
+    return d.mean().item(), (d.std() / d.numel() ** 0.5).item()
 
 
 # ---- the small run chapter 05's explorer shows ------------------------------------------------------

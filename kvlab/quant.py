@@ -14,6 +14,14 @@ int4 codes are kept one per int8 element here; `Quantized.nbytes` counts them pa
 (see `pack_int4`), as a real kernel would store them. The quantized cache built on these functions
 is `kvlab.cache.QuantizedKVCache`; what quantization costs in model quality is measured by
 `kvlab.quality`.
+
+Two other formats a practitioner meets, for comparison:
+
+- **FP8** (`to_fp8`, `fake_quantize_fp8`): one byte a number in a float format, E4M3 (4 exponent
+  bits, 3 mantissa bits, largest 448) or E5M2 (largest 57,344, one mantissa bit less), with one
+  scale per tensor or per KV head fixed in advance (calibrated), as vLLM's FP8 KV cache does;
+- **asymmetric min/max** (`fake_quantize_minmax`): codes 0 … 2^bits − 1 spanning [min, max] of a
+  group with a zero point, KIVI's 2-bit format.
 """
 
 from __future__ import annotations
@@ -42,6 +50,18 @@ class Quantized:
     scale: torch.Tensor   # broadcastable to data: one float per group of values
     bits: int
     granularity: str
+
+    def __post_init__(self):
+        validate.tensor("data", self.data)
+        if self.data.dtype != torch.int8:
+            raise ValueError(f"Quantized.data must hold int8 codes; got dtype {self.data.dtype}")
+        self.bits = check_bits(self.bits)
+        _check_granularity(self.granularity, self.data)
+        want = scale_shape(self.data.shape, self.granularity)
+        check_scale(self.scale, self.data, shape=want)
+        if self.data.numel() and int(self.data.abs().max()) > qmax(self.bits):
+            raise ValueError(f"codes reach {int(self.data.abs().max())}, beyond ±{qmax(self.bits)} "
+                             f"of {self.bits}-bit codes")
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize(self, dtype)
@@ -114,6 +134,9 @@ def stored_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Codes × scales, as `dtype` (a float dtype: an integer one would truncate the values)."""
+    if not isinstance(q, Quantized):
+        raise ValueError(f"dequantize needs a kvlab.quant.Quantized (from quantize); got "
+                         f"{type(q).__name__} {validate.shown(q)}")
     validate.float_dtype("dtype", dtype, "hold dequantized values")
     return (q.data.float() * q.scale.float()).to(dtype)
 
@@ -142,6 +165,140 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"packed must be int8 (two int4 codes a byte, from pack_int4); got {packed.dtype}")
     low, high = (packed << 4) >> 4, packed >> 4
     return torch.stack([low, high], dim=-1).flatten(-2)
+
+
+def scale_shape(shape, granularity: str) -> tuple[int, ...]:
+    """The shape of the scales `quantize` gives a tensor of `shape`: (1, …, 1) per tensor,
+    (…, tokens, 1) per token, (…, 1, channels) per channel."""
+    shape = tuple(shape)
+    if granularity == "tensor":
+        return (1,) * len(shape)
+    if granularity == "token":
+        return shape[:-1] + (1,)
+    return shape[:-2] + (1, shape[-1])
+
+
+def check_scale(scale, x: torch.Tensor, name: str = "scale", shape=None) -> torch.Tensor:
+    """`scale` as float32 when it can scale x: a real floating-point tensor (or a number) of finite
+    values >= 0 (0 only for a group of zeros), on x's device, that broadcasts against x without
+    changing x's shape; with `shape`, exactly that shape. Anything else is refused, naming it."""
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        scale = torch.tensor(float(scale), device=x.device)
+    validate.tensor(name, scale, non_empty=True)
+    if not scale.is_floating_point():  # complex, integer and bool are refused
+        raise ValueError(f"{name} must be a real floating-point tensor; got dtype {scale.dtype}")
+    if scale.layout != torch.strided or scale.is_meta or scale.device != x.device:
+        raise ValueError(f"{name} must be a dense tensor on {x.device}; got layout {scale.layout} "
+                         f"on {scale.device}")
+    if shape is not None and tuple(scale.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(scale.shape)}; allowed: {tuple(shape)} for x of "
+                         f"shape {tuple(x.shape)}")
+    try:
+        fits = torch.broadcast_shapes(scale.shape, x.shape) == x.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} of shape {tuple(scale.shape)} does not broadcast against x of shape "
+                         f"{tuple(x.shape)}; allowed: a shape of 1s and x's own sizes, e.g. "
+                         f"{scale_shape(x.shape, 'tensor')} (one scale)")
+    s = scale.float()
+    if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
+        raise ValueError(f"{name} must be finite and >= 0; got values from {s.min().item():.4g} to "
+                         f"{s.max().item():.4g}")
+    return s
+
+
+# --- FP8: one byte a number, a float format, scales fixed in advance ------------------------------
+
+FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def fp8_max(fmt: str = "e4m3") -> float:
+    """The largest finite value of an FP8 format: 448 for E4M3, 57,344 for E5M2."""
+    return float(torch.finfo(FP8_FORMATS[validate.choice("fmt", fmt, FP8_FORMATS)]).max)
+
+
+def fp8_scale(x: torch.Tensor, fmt: str = "e4m3", per_head: bool = False) -> torch.Tensor:
+    """max|x| / fp8_max(fmt): the scale that maps x's largest value onto the format's largest, one
+    for the whole tensor or (per_head) one per head of x laid out (…, heads, tokens, head_dim).
+    Computed on calibration data, then fixed: a cache must scale a token the moment it arrives."""
+    validate.tensor("x", x, floating=True, non_empty=True)
+    if per_head and x.dim() < 3:
+        raise ValueError(f"per_head=True needs x laid out (…, heads, tokens, head_dim); got shape "
+                         f"{tuple(x.shape)}")
+    a = x.detach().abs().float()
+    if per_head:
+        dims = [d for d in range(x.dim()) if d != x.dim() - 3]
+        amax = a.amax(dim=dims, keepdim=True)
+    else:
+        amax = a.amax().reshape([1] * x.dim())
+    return amax / fp8_max(fmt)
+
+
+def to_fp8(x: torch.Tensor, scale, fmt: str = "e4m3") -> torch.Tensor:
+    """x / scale as FP8 codes (a torch.float8_* tensor, one byte a value). Values beyond the
+    format's largest saturate to it, as vLLM does (a plain cast would give E5M2 inf)."""
+    validate.tensor("x", x, floating=True, non_empty=True)
+    dtype = FP8_FORMATS[validate.choice("fmt", fmt, FP8_FORMATS)]
+    s = check_scale(scale, x)
+    if bool((s == 0).any()):
+        raise ValueError("scale must be > 0 for FP8 (a fixed scale of 0 would read back nothing)")
+    limit = fp8_max(fmt)
+    return (x.float() / s).clamp(-limit, limit).to(dtype)
+
+
+def from_fp8(codes: torch.Tensor, scale, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """FP8 codes × scale, as `dtype`."""
+    validate.tensor("codes", codes)
+    if codes.dtype not in FP8_FORMATS.values():
+        raise ValueError(f"codes must be an FP8 tensor (from to_fp8); got dtype {codes.dtype}")
+    validate.float_dtype("dtype", dtype, "hold dequantized values")
+    return (codes.float() * check_scale(scale, codes)).to(dtype)
+
+
+def fake_quantize_fp8(x: torch.Tensor, scale, fmt: str = "e4m3") -> torch.Tensor:
+    """from_fp8(to_fp8(x)) in x's dtype: the values an FP8 cache gives back."""
+    return from_fp8(to_fp8(x, scale, fmt), scale, x.dtype)
+
+
+# --- asymmetric min/max (KIVI's format) ------------------------------------------------------------
+
+MINMAX_BITS = (2, 4, 8)
+
+
+def fake_quantize_minmax(x: torch.Tensor, bits: int = 2, granularity: str = "token",
+                         group_size: int | None = None) -> torch.Tensor:
+    """Asymmetric quantization with a zero point, as KIVI does, read back in x's dtype.
+
+    Per group: step = (max - min) / (2^bits - 1), code = round((x - min) / step) in 0 … 2^bits - 1,
+    x̂ = min + code × step (min and step stored in fp16, rounded; the codes use the stored ones).
+    Groups for x laid out (…, tokens, channels): "token" — `group_size` consecutive channels of one
+    token (None: all its channels); "channel" — one channel over all of x's tokens. Every value
+    comes back within step / 2 plus the fp16 rounding of min.
+    """
+    validate.tensor("x", x, floating=True, non_empty=True)
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or int(bits) not in MINMAX_BITS:
+        raise ValueError(f"bits={bits!r} is not supported; allowed: {', '.join(map(str, MINMAX_BITS))}")
+    validate.choice("granularity", granularity, ("token", "channel"))
+    _check_granularity(granularity, x)
+    channels = x.shape[-1]
+    if group_size is not None and granularity == "channel":
+        raise ValueError("group_size applies to granularity='token' (channels of one token); a "
+                         "'channel' group spans x's tokens: pass the tokens that share it")
+    size = channels if group_size is None else validate.integer("group_size", group_size)
+    if channels % size:
+        raise ValueError(f"group_size={size} does not divide the {channels} channels; allowed: a "
+                         f"divisor of {channels}")
+    v = x.float()
+    if granularity == "token":
+        v = v.reshape(*x.shape[:-1], channels // size, size)
+    dim = -1 if granularity == "token" else -2
+    lo = v.amin(dim=dim, keepdim=True).half().float()
+    hi = v.amax(dim=dim, keepdim=True)
+    levels = 2 ** int(bits) - 1
+    step = stored_scale((hi - lo) / levels, torch.float16).float()
+    codes = torch.round((v - lo) / torch.where(step > 0, step, torch.ones_like(step))).clamp(0, levels)
+    return (lo + codes * step).reshape(x.shape).to(x.dtype)
 
 
 # --- error metrics: `x` is the original, `y` its reconstruction ---------------------------------

@@ -36,7 +36,8 @@ of k + 1 tokens is not quite free: `verify_cost` (its time over one step's) refi
 
 Measured by `python -m kvlab.bench --sweeps speculative` (kvlab.bench.speculation) on a shared
 2-core CPU, one thread, CPU time, runs interleaved, medians of 5 (3 for the real model), static cache,
-every row's tokens identical to plain greedy decoding's (the chapter recomputes its own in its cells).
+every row's tokens identical to plain greedy decoding's. These are the sweep's own prompts and lengths;
+chapter 10 measures its own in its cells, on other prompts, so its figures differ.
 α is `per_token_acceptance`; "formula" is expected_speedup(α, k, c) with the paper's verify cost of 1,
 then with the measured one.
 

@@ -436,6 +436,31 @@ def test_speculative_tokens_that_differ_fail_the_run(tmp_path, monkeypatch):
     assert "NOT met" in (tmp_path / "bad-spec.md").read_text()
 
 
+def test_roofline_rows_count_the_kv_slots_each_path_reads():
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    filled = {"method": "m", "batch": 1, "new_tokens": 64, "tokens_per_s": 100.0}
+    whole = dict(filled, slots_read=8 + 64)   # kvlab.fast: every slot of its buffer
+    a, b = bench.roofline_rows(model, 1e10, "test", [filled, whole])
+    kv_row = memory.kv_cache_bytes(TINY, 1, 1, "fp32")
+    assert b["bytes_per_step"] - a["bytes_per_step"] == (72 - (8 + 32)) * kv_row
+    assert b["fraction_of_bandwidth"] > a["fraction_of_bandwidth"]
+
+
+def test_the_fast_rows_of_a_sweep_say_they_read_the_whole_buffer():
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    row = bench.sweep_modes(model, 4, ["eager"], prompt_len=3, repeats=1)[0]
+    assert row["slots_read"] == 3 + 4
+
+
+def test_machine_records_how_openmp_threads_wait(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert bench.machine("cpu")["omp_wait_policy"] == "PASSIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert bench.machine("cpu")["omp_wait_policy"].startswith("unset")
+
+
 def test_scheduler_sweep_quick_run(tmp_path):
     result = cli.main(["--quick", "--repeats", "1", "--sweeps", "scheduler", "--out", str(tmp_path),
                        "--stem", "sched", "--no-progress"])

@@ -157,3 +157,18 @@ def test_the_decoder_counts_the_positions_it_fills():
     assert dec.k[:, :, :, :7].abs().sum() > 0 and dec.k[:, :, :, 7:].abs().sum() == 0
     fast_generate(model, [4, 5], 2, decoder=dec)  # a second request on the same decoder starts over
     assert dec.seq_len == 3 and out.tokens.shape == (1, 8)
+
+
+def test_both_weight_layouts_give_the_same_tokens_and_the_copy_is_counted():
+    model = model_for(CONFIGS["tied"])
+    ids = torch.randint(0, 256, (2, 6))
+    copied = FastDecoder(model, 2, 30, weight_layout="input-major")
+    viewed = FastDecoder(model, 2, 30, weight_layout="model")
+    assert FastDecoder(model, 2, 30).weight_layout == "input-major"  # auto, on the CPU
+    matrices = sum(m.weight.nbytes for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert copied.weight_copy_bytes == matrices and viewed.weight_copy_bytes == 0
+    a = fast_generate(model, ids, 20, decoder=copied).tokens
+    b = fast_generate(model, ids, 20, decoder=viewed).tokens
+    assert torch.equal(a, b) and torch.equal(a, generate(model, ids, 20, cache="static").tokens)
+    with pytest.raises(ValueError, match="weight_layout"):
+        FastDecoder(model, 1, 8, weight_layout="columns")

@@ -290,3 +290,185 @@ def test_the_layout_is_worked_out_once():
     odd = SimpleNamespace(n_kv_heads=1, head_dim=3)  # no valid ModelConfig is odd (RoPE pairs)
     with pytest.raises(ValueError, match="n_kv_heads × head_dim = 3 must be even"):
         quantized_layout(odd, 8, "token", 4)
+
+
+# --- refusals: bad scales, groups and shapes name the value and what is allowed ------------------
+
+def test_quantized_refuses_a_scale_of_the_wrong_shape_or_kind():
+    x = outlier_keys()
+    q = quant.quantize(x, "channel")
+    assert quant.Quantized(q.data, q.scale.half(), 8, "channel").dequantize().shape == x.shape
+    with pytest.raises(ValueError, match=r"shape \(2, 64, 1\); allowed: \(2, 1, 64\)"):
+        quant.Quantized(q.data, q.scale.transpose(-1, -2), 8, "channel")
+    with pytest.raises(ValueError, match="real floating-point.*complex64"):
+        quant.Quantized(q.data, q.scale.to(torch.complex64), 8, "channel")
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        quant.Quantized(q.data, -q.scale, 8, "channel")
+    with pytest.raises(ValueError, match="int8 codes; got dtype torch.float32"):
+        quant.Quantized(q.data.float(), q.scale, 8, "channel")
+    with pytest.raises(ValueError, match=r"codes reach 127, beyond ±7"):
+        quant.Quantized(q.data, q.scale, 4, "channel")
+    with pytest.raises(ValueError, match="granularity='row' is not known"):
+        quant.Quantized(q.data, q.scale, 8, "row")
+    with pytest.raises(ValueError, match="needs a kvlab.quant.Quantized"):
+        quant.dequantize((q.data, q.scale))
+
+
+def test_check_scale_refuses_sparse_meta_and_non_broadcasting_scales():
+    x = torch.randn(3, 5, 8)
+    assert quant.check_scale(0.5, x).shape == ()
+    for bad, message in ((torch.ones(3, 5, 8).to_sparse(), "dense"),
+                         (torch.ones(1, device="meta"), "dense"),
+                         (torch.ones(4, 1, 1), r"does not broadcast against x of shape \(3, 5, 8\)"),
+                         (torch.ones(3, 5, 8, 1), "does not broadcast"),
+                         (torch.tensor([float("nan")]), "finite"),
+                         (torch.ones(2, dtype=torch.int32), "real floating-point"), ("0.5", "torch.Tensor")):
+        with pytest.raises(ValueError, match=message):
+            quant.check_scale(bad, x)
+
+
+@pytest.mark.parametrize("fmt, limit, worst", [("e4m3", 448.0, 2 ** -4), ("e5m2", 57344.0, 2 ** -3)])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fp8_round_trip_keeps_the_formats_relative_precision(fmt, limit, worst, per_head):
+    x = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(1))
+    scale = quant.fp8_scale(x, fmt, per_head)
+    assert quant.fp8_max(fmt) == limit
+    assert scale.shape == ((1, 3, 1, 1) if per_head else (1, 1, 1, 1))
+    codes = quant.to_fp8(x, scale, fmt)
+    assert codes.element_size() == 1 and codes.dtype == quant.FP8_FORMATS[fmt]
+    y = quant.from_fp8(codes, scale)
+    normal = x.abs() / scale > 2 ** -6        # above the format's subnormals: relative precision holds
+    # within half the spacing 2^-m of m mantissa bits
+    assert torch.all(((x - y).abs() / x.abs())[normal] <= worst + 1e-6)
+    # beyond the calibrated range: saturated to the largest value, never inf
+    big = quant.fake_quantize_fp8(x * 1000, scale, fmt)
+    assert torch.isfinite(big).all() and big.abs().max() <= limit * scale.max() * (1 + 1e-6)
+
+
+def test_fp8_refuses_unknown_formats_and_zero_scales():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="fmt='e3m4'.*'e4m3', 'e5m2'"):
+        quant.to_fp8(x, 1.0, "e3m4")
+    with pytest.raises(ValueError, match="> 0 for FP8"):
+        quant.to_fp8(x, 0.0)
+    with pytest.raises(ValueError, match="per_head=True needs"):
+        quant.fp8_scale(x, per_head=True)
+    with pytest.raises(ValueError, match="FP8 tensor"):
+        quant.from_fp8(x, 1.0)
+
+
+@pytest.mark.parametrize("bits", quant.MINMAX_BITS)
+@pytest.mark.parametrize("granularity, group_size", [("token", None), ("token", 16), ("channel", None)])
+def test_minmax_error_is_within_half_a_step(bits, granularity, group_size):
+    x = outlier_keys() + 3.0                    # not centred on zero: the zero point pays off
+    y = quant.fake_quantize_minmax(x, bits, granularity, group_size)
+    dim = -1 if granularity == "token" else -2
+    groups = x if granularity == "channel" else x.reshape(*x.shape[:-1], -1, group_size or x.shape[-1])
+    step = (groups.amax(dim, keepdim=True) - groups.amin(dim, keepdim=True)) / (2 ** bits - 1)
+    bound = (step / 2 * 1.002 + groups.abs().amax(dim, keepdim=True) * 2 ** -11).expand_as(groups)
+    assert torch.all((x - y).abs() <= bound.reshape(x.shape))
+    assert len(torch.unique(y[0, :, 0] if granularity == "channel" else y[0, 0])) <= 2 ** bits * 4
+
+
+def test_minmax_beats_absmax_at_the_same_bits_on_values_off_centre():
+    x = torch.rand(64, 32, generator=torch.Generator().manual_seed(2)) + 1.0   # all in [1, 2]
+    asym = quant.relative_rms_error(x, quant.fake_quantize_minmax(x, 4, "token"))
+    sym = quant.relative_rms_error(x, quant.fake_quantize(x, "token", 4))
+    assert asym < sym / 3
+
+
+def test_minmax_refuses_bad_bits_and_groups():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="bits=3 is not supported; allowed: 2, 4, 8"):
+        quant.fake_quantize_minmax(x, 3)
+    with pytest.raises(ValueError, match="group_size=24 does not divide the 64 channels"):
+        quant.fake_quantize_minmax(x, 2, "token", 24)
+    with pytest.raises(ValueError, match="group_size"):
+        quant.fake_quantize_minmax(x, 2, "token", 0)
+    with pytest.raises(ValueError, match="group_size applies to granularity='token'"):
+        quant.fake_quantize_minmax(x, 2, "channel", 32)
+    with pytest.raises(ValueError, match="granularity='tensor'"):
+        quant.fake_quantize_minmax(x, 2, "tensor")
+    with pytest.raises(ValueError, match=r"needs a \(\.\.\., tokens, channels\) tensor"):
+        quant.fake_quantize_minmax(torch.randn(8), 2, "token")
+
+
+# --- quality: FP8 with fixed scales and KIVI's 2-bit, measured like the int8 cache -----------------
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return Transformer(CFG).eval()
+
+
+def _decoded_one_at_a_time(model, ids, cache, prompt=8):
+    with torch.inference_mode():
+        steps = [model(ids[:, :prompt], cache=cache)]
+        steps += [model(ids[:, i:i + 1], cache=cache) for i in range(prompt, ids.shape[1])]
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("residual", [0, 16])
+def test_kivi_cache_gives_the_same_logits_in_one_pass_as_decoding(residual):
+    model = _tiny_model()
+    ids = torch.randint(0, CFG.vocab_size, (2, 80), generator=torch.Generator().manual_seed(3))
+    make = lambda: quality.KIVIKVCache(CFG, 2, 80, group_size=8, residual=residual)  # noqa: E731
+    with torch.inference_mode():
+        one_pass = model(ids, cache=make())
+        exact = model(ids)
+    torch.testing.assert_close(one_pass, _decoded_one_at_a_time(model, ids, make()), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(one_pass, exact, atol=1e-3)     # 2 bits do change the logits
+    k, v = make().read(0)
+    assert k.shape[2] == 0 and v.shape[2] == 0
+
+
+def test_kivi_cache_keeps_the_residual_exact_and_rounds_older_values():
+    cache = quality.KIVIKVCache(CFG, 1, 64, group_size=8, residual=16)
+    k = torch.randn(1, CFG.n_kv_heads, 40, CFG.head_dim)
+    v = torch.randn(1, CFG.n_kv_heads, 40, CFG.head_dim)
+    cache.update(0, k, v)
+    k_read, v_read = cache.read(0)
+    assert torch.equal(v_read[:, :, -16:], v[:, :, -16:])
+    assert torch.equal(k_read[:, :, -16:], k[:, :, -16:])
+    assert not torch.equal(v_read[:, :, :24], v[:, :, :24])
+    assert not torch.equal(k_read[:, :, :24], k[:, :, :24])
+    assert len(torch.unique(k_read[0, 0, :8, 0])) <= 4                 # 2 bits: at most 4 levels
+    assert cache.format_nbytes == quality.kivi_cache_bytes(CFG, 64, 1, 2, 8, 16)
+
+
+def test_fixed_scale_cache_rounds_each_token_on_arrival_and_saturates():
+    model = _tiny_model()
+    calib = torch.randint(0, CFG.vocab_size, (1, 48), generator=torch.Generator().manual_seed(4))
+    ka, va = quality.kv_absmax(model, calib, per_head=True)
+    assert ka.shape == (CFG.n_layers, CFG.n_kv_heads, 1, 1)
+    cache = quality.FixedScaleKVCache(CFG, 1, 16, fmt="e4m3", k_absmax=ka, v_absmax=va)
+    k = torch.randn(1, CFG.n_kv_heads, 4, CFG.head_dim) * ka[0].max()
+    k_read, _ = cache.update(0, k * 10, k)
+    assert k_read.abs().amax(dim=(0, 2, 3)).tolist() == pytest.approx(ka[0].flatten().tolist(), rel=1e-6)
+    assert cache.format_nbytes == 2 * CFG.n_layers * 16 * CFG.n_kv_heads * CFG.head_dim + 4 * 2 * ka.numel()
+    with pytest.raises(ValueError, match=r"k_absmax has shape \(3, 1, 1, 1\); allowed: \(2, 1 or 4, 1, 1\)"):
+        quality.FixedScaleKVCache(CFG, 1, 16, fmt="e5m2", k_absmax=torch.ones(3, 1, 1, 1), v_absmax=va)
+    with pytest.raises(ValueError, match="fmt='int4'"):
+        quality.FixedScaleKVCache(CFG, 1, 16, fmt="int4", k_absmax=ka, v_absmax=va)
+
+
+def test_window_losses_match_teacher_forced_decoding_and_pair_the_windows():
+    model = _tiny_model()
+    ids = torch.randint(0, CFG.vocab_size, (3, 48), generator=torch.Generator().manual_seed(5))
+    losses = quality.window_losses(model, ids, {"exact": None,
+                                                "int4": lambda b, t: QuantizedKVCache(CFG, b, t, bits=4)})
+    forced = quality.compare_caches(model, ids, 8, {"int4": dict(storage="int4")})["int4"]
+    torch.testing.assert_close(losses["int4"], forced["loss_quant_per_sequence"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(losses["exact"], forced["loss_exact_per_sequence"], rtol=1e-4, atol=1e-5)
+    d, se = quality.paired_change(losses["int4"], losses["exact"])
+    assert d == pytest.approx((losses["int4"] - losses["exact"]).mean().item()) and se > 0
+    with pytest.raises(ValueError, match="2 or more windows"):
+        quality.paired_change(losses["int4"][:1], losses["exact"][:1])
+
+
+def test_compare_caches_separates_a_caches_own_rounding_from_what_earlier_layers_carry():
+    model = _tiny_model()
+    ids = torch.randint(0, CFG.vocab_size, (2, 40), generator=torch.Generator().manual_seed(6))
+    r = quality.compare_caches(model, ids, 8, {"int8": dict(storage="int8", key_granularity="token")})["int8"]
+    assert 0 < r["v_rounding_error"] < 0.02 and 0 < r["k_rounding_error"] < 0.02
+    # against the exact run, layer 1 also carries what layer 0's rounding changed
+    assert r["v_relative_rms_error"] > r["v_rounding_error"]

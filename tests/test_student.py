@@ -14,7 +14,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 spec = importlib.util.spec_from_file_location("kvlab_tools_student", ROOT / "tools" / "student.py")
 student = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(student)
-CHECK_CALL = re.compile(r"\bch\d\d\.(\w+)\(")
+CHECK_CALL = re.compile(r"\bch\d\d\.(check_\w+)\(")  # an exercise checker (style: check_…)
 
 
 def _is_solution(cell) -> bool:

@@ -5,6 +5,7 @@ fp32 comparison gives other tokens than transformers fails (exit status 1) after
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 import torch
@@ -115,8 +116,11 @@ def run(args: argparse.Namespace) -> dict:
         rows += compare_real_model(8 if quick else args.hf_new_tokens,
                                    prompt_len=args.prompt_tokens or (8 if quick else 64), **compare_args)
     if clock == "cpu":
-        notes.append("Timed in CPU seconds of this process (time.process_time, one thread), so other "
-                     "programs on a shared machine do not skew the numbers; tokens/s are per CPU second.")
+        threads = torch.get_num_threads()
+        notes.append(f"Timed in CPU seconds of this process (time.process_time, all its {threads} "
+                     f"thread{'s' if threads > 1 else ''} together), so other programs on a shared "
+                     "machine do not skew the numbers; tokens/s are per CPU second. OpenMP wait policy: "
+                     f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} (see kvlab.bench.__main__).")
     if not on_gpu:
         notes.append("No GPU was available for this run: every number above is a CPU measurement.")
     model_desc = (f"{config.name or 'custom'}: {config.n_layers} layers, d_model {config.d_model}, "

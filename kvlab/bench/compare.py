@@ -282,12 +282,18 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
             out["speedup_vs_hf_compiled"] = base[HF_COMPILED] / base[label]
         return out
 
-    def bandwidth_share(seconds: float) -> dict:
-        out = {}
+    def slots_read(label: str) -> int:
+        # The cached positions a decode step reads, on average over the run: the filled ones for
+        # the model's forward and transformers; all S_max slots of its buffer for kvlab.fast.
+        fast = label in decoders and label != KVLAB_GENERATE
+        return prompt_len + (new_tokens if fast else new_tokens // 2)
+
+    def bandwidth_share(label: str, seconds: float) -> dict:
+        out = {"kv_slots_read_per_step": slots_read(label)}
         for key, bandwidth in (("", bandwidth_bytes_per_s), ("measured_", measured_bandwidth_bytes_per_s)):
             if bandwidth is not None:
                 out[f"fraction_of_{key}bandwidth"] = roofline.achieved_fraction(
-                    config, new_tokens / seconds, bandwidth, prompt_len + new_tokens // 2, 1,
+                    config, new_tokens / seconds, bandwidth, slots_read(label), 1,
                     TORCH_DTYPE_NAMES[dtype])
                 out[f"{key}bandwidth_bytes_per_s"] = bandwidth
         return out
@@ -296,7 +302,7 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
     return [result_row(sweep, k, v, new_tokens, execution=execution(k), new_tokens=new_tokens, batch=1,
                        prompt_len=prompt_len, clock=clock, dtype=TORCH_DTYPE_NAMES[dtype], model=shape,
                        config=model_name or config.name, **token_checks(k), **ratios(k),
-                       **bandwidth_share(base[k]))
+                       **bandwidth_share(k, base[k]))
             for k, v in times.items()]
 
 

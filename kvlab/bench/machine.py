@@ -5,6 +5,7 @@ memory), otherwise a measured copy far larger than the GPU's L2 cache, or on the
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import re
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import env, memory
-from .timing import median, time_call
+from .timing import median, time_call, time_interleaved
 
 
 def cpu_name() -> str:
@@ -39,6 +40,9 @@ def machine(device: torch.device | str | None = None) -> dict:
         "transformers": None,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        # How idle OpenMP threads wait: spinning ("ACTIVE", and by default for a while) burns CPU
+        # time that a CPU-time clock counts as work (kvlab.bench.__main__ sets PASSIVE).
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP's default: spin, then sleep)"),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     try:
@@ -169,14 +173,18 @@ def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int | None = None
 def matvec_bandwidth(device: torch.device | str = "cpu", nbytes: int = 128 * memory.MiB,
                      repeats: int = 10, clock: str = "wall") -> float:
     """Bytes/s a matrix-vector product streams (the matrix is read once; vector and result are tiny):
-    the roof a batch-1 decode step of a bandwidth-bound model runs into. Measure it with the clock
-    the decode timings use."""
+    the roof a batch-1 decode step of a bandwidth-bound model runs into. The matrix is multiplied in
+    both layouts a decoder may store it in, (out, in) as `torch.mv` reads it and (in, out) as
+    `x @ W_t` does, interleaved, and the faster counts (a BLAS may stream one better than the
+    other). Measure it with the clock the decode timings use."""
     device = torch.device(device)
     cols = 4096
     w = torch.randn(nbytes // 4 // cols, cols, device=device)
+    w_t = w.t().contiguous()
     x = torch.randn(cols, device=device)
-    times = [time_call(lambda: torch.mv(w, x), device, clock) for _ in range(repeats + 1)][1:]
-    return w.nbytes / median(times)
+    times = time_interleaved({"(out, in)": lambda: torch.mv(w, x), "(in, out)": lambda: x @ w_t},
+                             repeats, 1, device, clock=clock)
+    return w.nbytes / min(median(t) for t in times.values())
 
 
 def device_bandwidth(device: torch.device | str | None = None) -> tuple[float, str]:

@@ -98,7 +98,7 @@ def sweep_modes(model: Transformer, new_tokens: int, modes: Sequence[str], promp
                                                                  decoder=d, step_fn=s)
     times = time_interleaved(fns, repeats, 1, device, progress, "modes", clock)
     return [result_row("modes", k, v, batch * new_tokens, new_tokens=new_tokens, batch=batch, clock=clock,
-                 setup_s=setup[k]) for k, v in times.items()]
+                       setup_s=setup[k], slots_read=prompt_len + new_tokens) for k, v in times.items()]
 
 
 def sweep_batch(model: Transformer, batch_sizes: Sequence[int], new_tokens: int, mode: str = "eager",
@@ -116,7 +116,7 @@ def sweep_batch(model: Transformer, batch_sizes: Sequence[int], new_tokens: int,
             model, ids, new_tokens, mode=mode, decoder=dec, step_fn=step)}
         times = time_interleaved(fns, repeats, 1, device, progress, f"batch {b}", clock)
         rows += [result_row("batch", f"fast {mode}", times[f"batch {b}"], b * new_tokens,
-                      new_tokens=new_tokens, batch=b, clock=clock)]
+                            new_tokens=new_tokens, batch=b, clock=clock, slots_read=prompt_len + new_tokens)]
     return rows
 
 
@@ -159,7 +159,10 @@ def roofline_rows(model: Transformer, bandwidth: float, source: str, measured: S
     dtype = TORCH_DTYPE_NAMES[next(model.parameters()).dtype]
     rows = []
     for r in measured:
-        context = 8 + r["new_tokens"] // 2  # prompt of 8, then the context grows one a step
+        # Cached positions a step reads: kvlab.fast's rows read every slot of their buffer, S_max =
+        # prompt + new tokens (`slots_read`); otherwise the filled ones, a prompt of 8 and then one
+        # more a step, on average.
+        context = r.get("slots_read", 8 + r["new_tokens"] // 2)
         bound = roofline.roofline(cfg, bandwidth, context, r["batch"], dtype)
         achieved = bound.bytes_per_step * r["tokens_per_s"] / r["batch"]
         rows.append({"sweep": "roofline", "method": r["method"], "batch": r["batch"],

@@ -57,10 +57,11 @@ def plot_granularity_errors(errors: dict, title: str = ""):
     return fig
 
 
-def plot_perplexity_change(change: dict, title: str = ""):
-    """Held-out loss change of each cache against the exact one (nats per byte), with ± 2 paired
-    standard errors: `change` maps a label to (difference, standard error). A bar whose error bar
-    crosses zero is a change that cannot be told from noise."""
+def plot_perplexity_change(change: dict, title: str = "", unit: str = "byte"):
+    """Held-out loss change of each cache against the exact one (nats per `unit`: "byte" for
+    kvlab-tiny, "token" for a BPE model), with ± 2 paired standard errors: `change` maps a label to
+    (difference, standard error). A bar whose error bar crosses zero is a change that cannot be
+    told from noise."""
     import numpy as np
 
     labels = list(change)
@@ -78,7 +79,8 @@ def plot_perplexity_change(change: dict, title: str = ""):
     ax.invert_yaxis()
     lim = float(np.max(np.abs(delta) + 2 * se)) * 1.9 or 1.0
     ax.set_xlim(-lim / 3, lim)
-    ax.set_xlabel("held-out loss change vs the exact cache (nats per byte), ± 2 paired SE")
+    unit = validate.choice("unit", unit, ("byte", "token"))
+    ax.set_xlabel(f"held-out loss change vs the exact cache (nats per {unit}), ± 2 paired SE")
     ax.set_title(title or "perplexity change", fontsize=10)
     return fig
 
@@ -286,7 +288,11 @@ def quant_explorer():
 
 def check_quantize_keys_per_channel(fn) -> Verdict:
     """The learner's `fn(k) -> (codes, scale)`: absmax int8 of a (tokens, channels) tensor with one
-    scale per channel. Compared with kvlab.quant.quantize(k, "channel") on keys with outliers."""
+    scale per channel. Compared with kvlab.quant.quantize(k, "channel") on keys with an outlier
+    channel and channels whose largest value is negative. The hints name the likely mistakes:
+    reducing over the wrong dim (one scale per token, or one for the whole tensor), the max without
+    abs, the scale not divided by 127 (or by 128 / 255), a truncating cast, (scale, codes) swapped.
+    Scales in fp16 or bf16 are fine (they halve the scales' bytes), to their precision."""
     import torch
 
     if fn is None:
@@ -296,38 +302,76 @@ def check_quantize_keys_per_channel(fn) -> Verdict:
     g = torch.Generator().manual_seed(5)
     for tokens, channels in ((32, 16), (7, 64)):
         k = torch.randn(tokens, channels, generator=g)
-        k[:, 3] *= 25  # an outlier channel, as real keys have
-        want = quant.quantize(k, "channel")
+        k[:, 3] *= 25                  # an outlier channel, as real keys have
+        k[:, 5] = -k[:, 5].abs() * 4   # a channel whose large values are all negative
         try:
             result = fn(k.clone())
         except Exception as err:  # noqa: BLE001 - any error in the learner's code becomes a hint
             return report(False, "", f"your function raised {type(err).__name__}: {err}")
-        if not (isinstance(result, (tuple, list)) and len(result) == 2
-                and all(isinstance(t, torch.Tensor) for t in result)):
-            return report(False, "", "return two tensors: (codes, scale).")
-        codes, scale = result
-        if codes.dtype != torch.int8 or codes.shape != k.shape:
-            return report(False, "", f"codes must be int8 with k's shape {tuple(k.shape)}; got "
-                                     f"{codes.dtype}, {tuple(codes.shape)}.")
-        if scale.numel() == 1:
-            return report(False, "", "that is one scale for the whole tensor: take the absmax of "
-                                     "each channel (column), over the tokens: k.abs().amax(dim=0).")
-        if scale.numel() == tokens and tokens != channels:
-            return report(False, "", "that is one scale per token (row): reduce over the tokens "
-                                     "(dim 0) instead, keeping one scale per channel.")
-        try:
-            scale = scale.float().reshape(1, channels)
-        except RuntimeError:
-            return report(False, "", f"scale should hold one value per channel: shape (1, {channels}).")
-        if not torch.allclose(scale, want.scale, rtol=1e-4):
-            ratio = (scale / want.scale).median().item()
-            hint = ("divide the absmax by 127, the largest int8 code you use" if abs(ratio - 1) > 1e-3
-                    else "scale = absmax of the channel / 127")
-            return report(False, "", hint + ".")
-        if (codes.int() - want.data.int()).abs().max() > 1 or (codes != want.data).float().mean() > 0.01:
-            return report(False, "", "round to the nearest integer (torch.round) before casting to "
-                                     "int8; a bare cast truncates toward zero.")
-        if (k - codes.float() * scale).abs().max() > 0.5 * scale.max() * 1.001:
-            return report(False, "", "codes × scale should be within half a scale of k.")
+        hint = _quantize_keys_hint(k, result)
+        if hint:
+            return report(False, "", hint)
     return report(True, "Right: one scale per channel, so the outlier channel no longer coarsens "
                         "the others; every value is within half a step of the original.", "")
+
+
+def _dense(t) -> bool:
+    import torch
+
+    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
+            and not t.is_meta)
+
+
+def _quantize_keys_hint(k, result) -> str:
+    """What is wrong with `result` for keys k, or "" when it is right."""
+    import torch
+
+    want = quant.quantize(k, "channel")
+    tokens, channels = k.shape
+    if not (isinstance(result, (tuple, list)) and len(result) == 2
+            and all(isinstance(t, torch.Tensor) for t in result)):
+        return "return two tensors: (codes, scale)."
+    codes, scale = result
+    if not (_dense(codes) and _dense(scale)):
+        return "return ordinary dense tensors (not sparse, nested or meta ones)."
+    if scale.dtype == torch.int8 and codes.is_floating_point() and codes.shape != k.shape:
+        return "return (codes, scale) in that order: the int8 codes first, then the scale."
+    if codes.dtype != torch.int8 or codes.shape != k.shape:
+        return (f"codes must be int8 with k's shape {tuple(k.shape)}; got {codes.dtype}, "
+                f"{tuple(codes.shape)}.")
+    if scale.is_complex() or not scale.is_floating_point():
+        return ("scale must hold real floats (torch.float32, or float16 to halve its bytes); got "
+                f"{scale.dtype}.")
+    if scale.numel() == 1:
+        return ("that is one scale for the whole tensor: take the absmax of each channel (column), "
+                "over the tokens: k.abs().amax(dim=0, keepdim=True).")
+    if scale.numel() == tokens and tokens != channels:
+        return ("that is one scale per token (row): reduce over the tokens (dim 0) instead, keeping "
+                "one scale per channel.")
+    if tuple(scale.shape) not in ((1, channels), (channels,)):
+        return (f"scale has shape {tuple(scale.shape)}; it should be (1, {channels}), one value per "
+                "channel, so that k / scale divides each column by its own scale (amax(dim=0, "
+                "keepdim=True)).")
+    s = scale.float().reshape(1, channels)
+    eps = max(torch.finfo(scale.dtype).eps, 1e-6)   # fp16 / bf16 scales are fine, to their precision
+    ratio = (s / want.scale).median().item()
+    if abs(ratio - 127) < 1:
+        return "divide the absmax by 127, the largest int8 code you use: scale = absmax / 127."
+    for wrong in (128, 255):
+        if abs(ratio - 127 / wrong) < 0.002:
+            return (f"divide by 127, not {wrong}: symmetric int8 uses the codes -127 … 127, so the "
+                    "largest |value| lands on 127.")
+    if not torch.allclose(s, want.scale, rtol=4 * eps):
+        if torch.allclose(s.abs(), (k.amax(0, keepdim=True) / 127).abs(), rtol=4 * eps):
+            return ("take the absolute value before the max: k.amax(dim=0) misses a channel whose "
+                    "large values are negative; use k.abs().amax(dim=0, keepdim=True) / 127.")
+        return "scale = absmax of each channel / 127: k.abs().amax(dim=0, keepdim=True) / 127."
+    exact = torch.round(k / s).clamp(-127, 127)
+    if (codes.int() - want.data.int()).abs().max() > 1 or (codes.float() != exact).float().mean() > 0.01:
+        if torch.equal(codes.float(), torch.trunc(k / s).clamp(-127, 127)):
+            return ("round to the nearest integer (torch.round) before casting to int8; a bare cast "
+                    "truncates toward zero.")
+        return "codes = round(k / scale), clamped to -127 … 127, as int8."
+    if (k - codes.float() * s).abs().max() > s.max() * (0.5 + 127 * eps) * 1.001:
+        return "codes × scale should be within half a scale of k."
+    return ""

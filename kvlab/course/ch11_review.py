@@ -32,6 +32,28 @@ QUIZ_CHOICES: dict[str, tuple[str, str, str]] = {
         "b", "Right: in causal attention a token's K and V depend only on the tokens up to it, so the "
              "shared blocks hold exactly what the request's own prefill would compute.",
         "what does the K and V of token i depend on in causal attention?"),
+    "check_continuous_batching": (
+        "c", "Right: the batch is re-formed every step, so a finished request's place goes to a waiting "
+             "one at once; each request's tokens are the ones it would get alone.",
+        "with static batching, what does the GPU do for a short request once it has finished but the "
+        "longest one in its batch has not?"),
+    "check_chunked_prefill": (
+        "b", "Right: the prompt is fed a chunk a step within the token budget, next to the running "
+             "decodes, so their time per output token stays bounded; its own first token comes later.",
+        "a step's cost grows with the tokens it feeds: what happens to the 30 decoding users in a step "
+        "that also feeds 10,000 prompt tokens?"),
+    "check_preemption": (
+        "c", "Right: recompute drops the blocks and feeds the tokens again later (compute for memory); "
+             "swap copies the blocks to CPU memory and back (PCIe traffic); both give the same tokens.",
+        "which of the two keeps the K/V somewhere, and which has to compute it again?"),
+    "check_speculative_identical": (
+        "b", "Right: every token kept is the target's own greedy choice after the tokens before it, so "
+             "the drafter changes the speed, never the output.",
+        "after a rejection, whose token does the step add: the drafter's or the target's?"),
+    "check_rollback_refused": (
+        "d", "Right: a heavy-hitter cache has already added the rejected queries' attention to its "
+             "scores and may have evicted keys for them; a crop cannot undo that, so it refuses.",
+        "which cache's state depends on the queries it has seen, not only on the positions it holds?"),
 }
 
 
@@ -68,6 +90,69 @@ def check_bigger_cache(answer) -> Verdict:
 def check_prefix_sharing(answer) -> Verdict:
     """Chapter 09: a request that reuses a shared prefix's K/V blocks generates exactly the same tokens."""
     return _choice("check_prefix_sharing", answer)
+
+
+def check_continuous_batching(answer) -> Verdict:
+    """Chapter 08: continuous batching refills the batch every step instead of waiting for the longest."""
+    return _choice("check_continuous_batching", answer)
+
+
+def check_chunked_prefill(answer) -> Verdict:
+    """Chapter 08: chunked prefill bounds what a long prompt does to the running decodes."""
+    return _choice("check_chunked_prefill", answer)
+
+
+def check_preemption(answer) -> Verdict:
+    """Chapter 08: preemption by recompute vs by swap."""
+    return _choice("check_preemption", answer)
+
+
+# Chapter 08's latencies: a request's first token and its last, seconds after it arrived.
+TPOT_FIRST_S, TPOT_LAST_S, TPOT_TOKENS = 0.8, 10.75, 200
+
+
+def check_tpot(answer) -> Verdict:
+    """Chapter 08: time per output token (TPOT) in ms: the time after the first token over the tokens
+    after it, (10.75 - 0.8) / (200 - 1) s."""
+    tpot = (TPOT_LAST_S - TPOT_FIRST_S) / (TPOT_TOKENS - 1) * 1000
+    with_first = [TPOT_LAST_S / TPOT_TOKENS * 1000, (TPOT_LAST_S - TPOT_FIRST_S) / TPOT_TOKENS * 1000]
+    if any(close(answer, wrong, 1e-3) for wrong in with_first):
+        return report(False, "", "TPOT leaves out the first token (its wait is the TTFT): divide the time "
+                                 "after it by the 199 tokens after it.")
+    return numeric(answer, tpot, 1e-3, f"Right: {TPOT_LAST_S - TPOT_FIRST_S:.2f} s over "
+                                       f"{TPOT_TOKENS - 1} tokens = {tpot:.0f} ms a token; the TTFT "
+                                       f"was {TPOT_FIRST_S * 1000:.0f} ms.",
+                   "TPOT = (time of the last token − time of the first) ÷ (tokens − 1), in ms.")
+
+
+def check_speculative_identical(answer) -> Verdict:
+    """Chapter 10: greedy speculative decoding gives exactly plain greedy decoding's tokens."""
+    return _choice("check_speculative_identical", answer)
+
+
+def check_rollback_refused(answer) -> Verdict:
+    """Chapter 10: which cache kind cannot roll back after a rejection."""
+    return _choice("check_rollback_refused", answer)
+
+
+SPEC_ALPHA, SPEC_K, SPEC_COST = 0.7, 3, 0.1   # chapter 10's speed-up question
+
+
+def check_speculative_speedup(answer) -> Verdict:
+    """Chapter 10: Leviathan et al.'s expected speed-up for α = 0.7, k = 3, a draft pass costing 0.1
+    target steps and a verify pass costing one step."""
+    from ..speculative import expected_speedup, expected_tokens_per_step
+
+    a, k, c = SPEC_ALPHA, SPEC_K, SPEC_COST
+    tokens = expected_tokens_per_step(a, k)
+    if close(answer, tokens, 1e-3):
+        return report(False, "", "that is the tokens a step yields; a step also costs more than one "
+                                 "target step: divide by k·c + 1.")
+    return numeric(answer, expected_speedup(a, k, c), 1e-3,
+                   f"Right: E = (1 − 0.7⁴)/(1 − 0.7) = {tokens:.3f} tokens a step, over a step's cost "
+                   f"3 × 0.1 + 1 = 1.3 target steps.",
+                   "E = (1 − α^(k+1))/(1 − α) tokens a step, divided by what a step costs: k draft passes of "
+                   "c each plus one verify pass.")
 
 
 def check_window_cache(answer) -> Verdict:

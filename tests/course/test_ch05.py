@@ -128,6 +128,39 @@ def test_a_function_that_returns_float64_codes_or_the_wrong_shape_gets_a_hint(ca
     assert "one value per channel" in capsys.readouterr().out
 
 
+def _keys_answer(reduce=lambda k: k.abs().amax(0, keepdim=True) / 127, rounding=torch.round,
+                 scale_dtype=None):
+    def answer(k):
+        s = reduce(k)
+        s = s if scale_dtype is None else s.to(scale_dtype)
+        return rounding(k / s.float()).clamp(-127, 127).to(torch.int8), s
+    return answer
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_the_keys_checker_accepts_scales_in_half_precision(scale_dtype):
+    assert ch05.check_quantize_keys_per_channel(_keys_answer(scale_dtype=scale_dtype))
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (_keys_answer(reduce=lambda k: k.amax(0, keepdim=True) / 127), "absolute value before the max"),
+    (_keys_answer(reduce=lambda k: k.abs().amax(0, keepdim=True)), "divide the absmax by 127"),
+    (_keys_answer(reduce=lambda k: k.abs().amax(0, keepdim=True) / 128), "not 128"),
+    (_keys_answer(reduce=lambda k: k.abs().amax(0, keepdim=True) / 255), "not 255"),
+    (_keys_answer(reduce=lambda k: k.abs().amax(1, keepdim=True) / 127), "one scale per token"),
+    (_keys_answer(reduce=lambda k: k.abs().max() / 127), "one scale for the whole tensor"),
+    (_keys_answer(rounding=torch.trunc), "torch.round"),
+    (lambda k: _keys_answer()(k)[::-1], "in that order"),
+    (lambda k: (_keys_answer()(k)[0], _keys_answer()(k)[1].reshape(-1, 1)), "should be (1, "),
+    (lambda k: (_keys_answer()(k)[0], _keys_answer()(k)[1].to(torch.complex64)), "real floats"),
+    (lambda k: (_keys_answer()(k)[0].to_sparse(), _keys_answer()(k)[1]), "dense"),
+    (lambda k: (_keys_answer()(k)[0], _keys_answer()(k)[1].to("meta")), "dense"),
+])
+def test_the_keys_checker_names_the_likely_mistakes(answer, hint, capsys):
+    assert not ch05.check_quantize_keys_per_channel(answer)
+    assert hint in capsys.readouterr().out
+
+
 test_any_wrong_answer_gets_a_hint = hint_test(
     [ch05.check_quantize_keys_per_channel], WRONG_VALUES + WRONG_FUNCTIONS)
 
@@ -139,6 +172,10 @@ def test_perplexity_change_draws_two_standard_errors():
     labels = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
     assert labels == ["+1.00e-05 ± 4.0e-05", "+2.00e-03 ± 8.0e-04"]
+    fig = ch05.plot_perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, unit="token")
+    label = fig.axes[0].get_xlabel()
+    plt.close(fig)
+    assert "nats per token" in label
 
 
 def test_the_quality_panel_says_which_model_it_was_measured_on():

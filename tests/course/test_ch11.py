@@ -23,6 +23,13 @@ RIGHT = {
     "check_paging_blocks": 63,                    # ceil(1000 / 16)
     "check_prefix_sharing": "b",
     "check_window_cache": 0.5,                    # Mistral-7B: 128 KiB × 4,096 = 0.5 GiB
+    "check_continuous_batching": "c",
+    "check_chunked_prefill": "b",
+    "check_preemption": "c",
+    "check_tpot": 50.0,                           # (10.75 - 0.8) s / 199 tokens = 50 ms
+    "check_speculative_identical": "b",
+    "check_rollback_refused": "d",
+    "check_speculative_speedup": (1 + 0.7 + 0.49 + 0.343) / 1.3,   # Leviathan et al., eq. 1, k·c + 1
 }
 CHECKERS = [*RIGHT, "check_plan_max_batch", "check_plan_70b_int8", "check_sim_reserved_waste"]
 
@@ -126,3 +133,14 @@ def test_the_window_question_names_the_stream_mistake(capsys):
     whole_stream = memory.kv_cache_bytes(PRESETS["mistral-7b"], 100_000, 1, "fp16") / memory.GiB
     assert not ch11.check_window_cache(whole_stream)
     assert "keeps only the last 4,096" in capsys.readouterr().out
+
+
+def test_the_tpot_question_names_counting_the_first_token(capsys):
+    for wrong in (10.75 / 200 * 1000, 9.95 / 200 * 1000):
+        assert not ch11.check_tpot(wrong)
+        assert "leaves out the first token" in capsys.readouterr().out
+
+
+def test_the_speedup_question_names_forgetting_the_step_cost(capsys):
+    assert not ch11.check_speculative_speedup(1 + 0.7 + 0.49 + 0.343)
+    assert "divide by k·c + 1" in capsys.readouterr().out
