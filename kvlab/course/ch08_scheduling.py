@@ -179,7 +179,7 @@ def plot_preemption_costs(tokens, recompute_s, swap_s, gpu: str):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens the preempted request had cached")
-    ax.set_ylabel("ms, lower bound")
+    ax.set_ylabel("ms added (lower-bound model)")
     ax.set_title(f"what a preemption costs on a simulated {gpu}", fontsize=10)
     ax.legend(fontsize=8)
     return fig
