@@ -35,10 +35,10 @@ logits can differ in the last bits and an exact tie could break the other way).
 
 Clocks: `clock="cpu"` (default) advances by the CPU time each step takes (`time.process_time`;
 on a GPU this misses the kernels still running asynchronously), "wall" by its wall time (after
-`torch.cuda.synchronize` on a GPU: use it there), "steps" by 1 a step; a `RooflineClock` charges each step what the
-roofline of `kvlab.roofline` says it costs on a GPU, without running any model (`model=None`):
-the scheduler then only counts blocks and tokens, which is how it shows hundreds of users of an
-8B model on an H100 (see `RooflineClock` for the model and its assumptions).
+`torch.cuda.synchronize` on a GPU: use it there), "steps" by 1 a step; a `RooflineClock` charges
+each step what the roofline of `kvlab.roofline` says it costs on a GPU, without running any model
+(`model=None`): the scheduler then only counts blocks and tokens, which is how it shows hundreds
+of users of an 8B model on an H100 (see `RooflineClock` for the model and its assumptions).
 Arrival times are in the clock's unit; when nothing can run, the clock jumps to the next arrival.
 """
 
