@@ -31,8 +31,9 @@ class GPU:
 
 # GPU memory is binary: an "80GB" A100 shows 81,920 MiB in nvidia-smi, and PyTorch's total_memory
 # (what CUDA hands out, also quoted in its out-of-memory message) is a little less, about 79.2 GiB:
-# not 80 decimal GB = 74.5 GiB. memory_bytes is the low end of the total_memory range reported in
-# public logs (it varies a little with driver and ECC); see docs/references.md, "GPUs", for the
+# not 80 decimal GB = 74.5 GiB. memory_bytes is round(x * GiB) for x the low end, in GiB, of the
+# total_memory range reported in public logs (it varies a little with driver and ECC): an
+# approximation, not a byte count read from a device. See docs/references.md, "GPUs", for the
 # sources, and the vendors' data sheets for the bandwidths. On a real GPU use `current_gpu()`.
 GPUS: dict[str, GPU] = {
     g.name: g

@@ -33,11 +33,12 @@ Identical outputs: every request's tokens are the greedy tokens of running it al
 in float64; in float32 a pass over another mix of rows multiplies matrices of another shape, so
 logits can differ in the last bits and an exact tie could break the other way).
 
-Clocks: `clock="cpu"` (default) advances by the CPU time each step takes (`time.process_time`),
-"wall" by its wall time, "steps" by 1 a step; a `RooflineClock` charges each step what the
-roofline of `kvlab.roofline` says it costs on a GPU, without running any model (`model=None`):
-the scheduler then only counts blocks and tokens, which is how it shows hundreds of users of an
-8B model on an H100 (see `RooflineClock` for the model and its assumptions).
+Clocks: `clock="cpu"` (default) advances by the CPU time each step takes (`time.process_time`;
+on a GPU this misses the kernels still running asynchronously), "wall" by its wall time (after
+`torch.cuda.synchronize` on a GPU: use it there), "steps" by 1 a step; a `RooflineClock` charges
+each step what the roofline of `kvlab.roofline` says it costs on a GPU, without running any model
+(`model=None`): the scheduler then only counts blocks and tokens, which is how it shows hundreds
+of users of an 8B model on an H100 (see `RooflineClock` for the model and its assumptions).
 Arrival times are in the clock's unit; when nothing can run, the clock jumps to the next arrival.
 """
 
@@ -107,7 +108,8 @@ class RequestResult:
 class StepRecord:
     """One step: when it started, what it cost, what it fed and what the pool held after it.
     events: (request index, kind, tokens) with kind "prefill", "decode", "preempt", "swap-out",
-    "swap-in"."""
+    "swap-in". running: requests in the batch (decoding or prefilling); waiting: requests that
+    have arrived and wait for admission (not those still to arrive); swapped: swapped out."""
 
     index: int
     start: float
@@ -387,7 +389,7 @@ class Scheduler:
             prefill = self._finish_step(plan, new, now, events)
             steps.append(StepRecord(len(steps), now - seconds, seconds, prefill,
                                     sum(n for _, n in plan) - prefill, len(self.running),
-                                    len(self.waiting) + len(pending), len(self.swapped),
+                                    len(self.waiting), len(self.swapped),
                                     self.manager.num_in_use, self.manager.num_cached, events))
         return Run([x.result for x in lives], steps, self.policy, self.num_blocks, fed)
 
@@ -541,7 +543,11 @@ class Scheduler:
         return [p if w else None for p, w in zip(picked, wants, strict=True)]
 
     def _timer(self):
-        return time.process_time() if self.clock == "cpu" else time.perf_counter()
+        if self.clock == "cpu":
+            return time.process_time()
+        if self.store is not None:
+            _sync(self.store.k.device)   # a GPU runs asynchronously: wait for the step's kernels
+        return time.perf_counter()
 
     def _elapsed(self, started: float, plan, swap_tokens: int) -> float:
         if isinstance(self.clock, RooflineClock):
@@ -650,7 +656,12 @@ def _static_step_times(batch: list[RequestResult], model, prompt_len: int, new: 
         p = r.request.prompt
         ids[i, prompt_len - len(p):] = torch.tensor(p)
         mask[i, prompt_len - len(p):] = 1
-    timer = time.process_time if clock == "cpu" else time.perf_counter
+    def timer():
+        if clock == "cpu":
+            return time.process_time()
+        _sync(device)   # a GPU runs asynchronously: wait for the step's kernels
+        return time.perf_counter()
+
     marks = [timer()]
     out = generate(model, ids, new, cache="static", attention_mask=mask,
                    on_token=lambda step, ids_: marks.append(timer()))
@@ -662,6 +673,12 @@ def _static_step_times(batch: list[RequestResult], model, prompt_len: int, new: 
             clock.step_seconds([(prompt_len + j, 1)] * rows) for j in range(new - 1)]
     tokens = out.new_tokens.tolist()
     return [(seconds[j], [row[j] for row in tokens]) for j in range(new)]
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a wall-clock reading includes it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def alone(model, request: Request) -> list[int]:

@@ -172,6 +172,19 @@ def test_the_measured_clock_counts_cpu_seconds():
         sum(s.seconds for s in run.steps))
 
 
+@pytest.mark.parametrize("serve", [
+    lambda rs: Scheduler(MODEL, num_blocks=16, block_size=4, max_batch=1, clock="steps").run(rs),
+    lambda rs: static_batching(rs, MODEL, batch_size=1, clock="steps")])
+def test_waiting_counts_only_requests_that_have_arrived(serve):
+    requests = [Request([1], 3), Request([2], 3), Request([3], 3, arrival=100)]
+    run = serve(requests)
+    first = run.steps[0]   # the third request is 100 steps away: only the second one waits
+    assert first.waiting == 1
+    for s in run.steps:
+        arrived = sum(1 for r in run.results if r.request.arrival <= s.start + s.seconds)
+        assert s.waiting + s.running <= arrived
+
+
 def test_idle_time_jumps_to_the_next_arrival():
     run = Scheduler(MODEL, num_blocks=16, block_size=4, clock="steps").run(
         [Request([1], 2), Request([2], 2, arrival=100)])

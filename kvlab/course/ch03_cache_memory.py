@@ -56,6 +56,18 @@ def plot_weights_vs_cache(cases, gpu_bytes: int | None = None, gpu_label: str = 
 MEMORY_DTYPES = ["fp32", "fp16", "bf16", "fp8", "int8"]
 MEMORY_SEQ_LENS = [2**k for k in range(7, 21)]     # 128 … 1,048,576 tokens, log-spaced
 MEMORY_BATCH_SIZES = [2**k for k in range(0, 11)]  # 1 … 1,024 sequences
+# PRESETS keep each config's declared context (max_position_embeddings); these models were trained
+# on shorter sequences: Mistral 7B's paper, Table 1 (context_len 8192, sliding window 4096), and
+# Qwen2.5 (pre-trained to 32,768 tokens; its model cards reach 131,072 with YaRN rope scaling).
+TRAINED_CONTEXT = {"mistral-7b": 8192, "qwen2.5-7b": 32768, "qwen2.5-72b": 32768}
+
+
+def trained_context(config) -> int:
+    """The longest sequence `config`'s model was trained on: its declared context unless
+    TRAINED_CONTEXT names a shorter one."""
+    return TRAINED_CONTEXT.get(config.name, config.max_seq_len)
+
+
 WEIGHT_DTYPE = "fp16"  # the explorer's weights stay fp16; its dtype control is the cache's
 
 
@@ -145,7 +157,7 @@ def plot_memory(model: str = "llama-2-7b", seq_len: int = 4096, batch_size: int 
         note = f"Does not fit: needs {fmt(total + ctx)}"
         lines.append(f"✗ Does not fit: needs {fmt(total + ctx)} with the {ctx / memory.GiB:.2f} GiB "
                      f"CUDA context, {fmt(total - usable)} more than {g.name} holds.")
-    trained = "" if custom else f" (the model was trained for up to {config.max_seq_len:,})"
+    trained = "" if custom else f" (the model was trained for up to {trained_context(config):,})"
     lines.append(f"Longest context that fits at batch {batch_size}: "
                  + (f"{p.max_context:,} tokens{trained}." if p.max_context else "none."))
     lines.append(f"Most concurrent sequences of {seq_len:,} tokens that fit: "
@@ -154,7 +166,7 @@ def plot_memory(model: str = "llama-2-7b", seq_len: int = 4096, batch_size: int 
     # The cache grows linearly in tokens: a straight line of slope 1 on log–log axes.
     seq_lens = np.geomspace(MEMORY_SEQ_LENS[0], MEMORY_SEQ_LENS[-1], 400)
     cache = seq_lens * batch_size * per_token
-    trained_for = None if custom else config.max_seq_len
+    trained_for = None if custom else trained_context(config)
     if trained_for and seq_len > trained_for:
         lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained_for:,} {config.name} was trained for "
                      "(shaded): the memory is real, the model's quality there is not.")

@@ -48,31 +48,46 @@ def plot_packed_mask(mask, row_names: list[str], new_tokens: list[int], cached: 
 
 def request_segments(run) -> dict[int, list[tuple[float, float, str]]]:
     """For each request: (start, end, phase) bars from its arrival to its last token, from the
-    run's step records (waiting where no step served it)."""
+    run's step records: "swap-out" while its K/V sit in host memory, "waiting" where no step
+    served it otherwise."""
     bars: dict[int, list] = {r.index: [] for r in run.results}
-    out = {r.index: False for r in run.results}
+    swaps: dict[int, list[tuple[float, bool]]] = {r.index: [] for r in run.results}
     for step in run.steps:
         for req, kind, _ in step.events:
-            if kind == "swap-out":
-                out[req] = True
-            elif kind == "swap-in":
-                out[req] = False
-            phase = "preempt" if kind == "preempt" else kind
-            if kind not in ("swap-out", "swap-in"):
-                bars[req].append((step.start, step.start + step.seconds, phase))
+            if kind in ("swap-out", "swap-in"):   # out from this step on, or back in it
+                swaps[req].append((step.start, kind == "swap-out"))
+            else:
+                bars[req].append((step.start, step.start + step.seconds, kind))
     segs = {}
     for r in run.results:
         served, t, segs[r.index] = sorted(bars[r.index]), r.request.arrival, []
         for start, end, phase in served:
             if start > t:
-                segs[r.index].append((t, start, "waiting"))
+                segs[r.index].extend(_idle_segments(t, start, swaps[r.index]))
             segs[r.index].append((start, end, phase))
             t = max(t, end)
     return segs
 
 
+def _idle_segments(t0: float, t1: float, swaps) -> list[tuple[float, float, str]]:
+    """The time from t0 to t1 in which a request was not served, cut where it was swapped out or
+    back in: "swap-out" pieces while its K/V were in host memory, "waiting" otherwise."""
+    out = False
+    for when, is_out in swaps:
+        if when <= t0:
+            out = is_out
+    cuts = [(when, is_out) for when, is_out in swaps if t0 < when < t1]
+    pieces, start = [], t0
+    for when, is_out in cuts + [(t1, out)]:
+        if when > start:
+            pieces.append((start, when, "swap-out" if out else "waiting"))
+        start, out = when, is_out
+    return pieces
+
+
 def plot_timeline(run, ax=None, title: str = "", unit: str = "s", max_requests: int = 40):
     """Each request a row: waiting, prefill chunks, decode steps and preemptions over time."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     fig = None
@@ -81,7 +96,7 @@ def plot_timeline(run, ax=None, title: str = "", unit: str = "s", max_requests: 
     segs = request_segments(run)
     shown_ids = sorted(segs)[:max_requests]
     for row, i in enumerate(shown_ids):
-        for phase in ("waiting", "prefill", "decode", "preempt"):
+        for phase in ("waiting", "swap-out", "prefill", "decode", "preempt"):
             spans = [(a, b - a) for a, b, p in segs[i] if p == phase]
             if spans:
                 ax.broken_barh(spans, (row - 0.4, 0.8), color=PHASES[phase][0], lw=0)
@@ -96,7 +111,13 @@ def plot_timeline(run, ax=None, title: str = "", unit: str = "s", max_requests: 
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(title or run.policy, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
-    handles = [Patch(color=PHASES[p][0], label=PHASES[p][1]) for p in ("waiting", "prefill", "decode")]
+    phases = {p for i in shown_ids for *_, p in segs[i]}
+    handles = [Patch(color=PHASES[p][0], label=PHASES[p][1])
+               for p in ("waiting", "prefill", "decode", "swap-out") if p != "swap-out" or p in phases]
+    handles.append(Line2D([], [], color="black", marker="|", ls="", ms=6, label="arrival"))
+    if "preempt" in phases:
+        handles.append(Line2D([], [], color=PHASES["preempt"][0], marker="x", ls="", ms=6,
+                              label="preempted (recompute)"))
     ax.legend(handles=handles, fontsize=7, loc="upper right", ncols=3)
     return fig if fig is not None else ax.figure
 
@@ -158,7 +179,7 @@ def plot_preemption_costs(tokens, recompute_s, swap_s, gpu: str):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens the preempted request had cached")
-    ax.set_ylabel("ms, lower bound")
+    ax.set_ylabel("ms added (lower-bound model)")
     ax.set_title(f"what a preemption costs on a simulated {gpu}", fontsize=10)
     ax.legend(fontsize=8)
     return fig

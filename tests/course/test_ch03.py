@@ -83,7 +83,7 @@ def test_readout_agrees_with_plan(model, gpu, seq_len, batch_size, dtype):
     _, text = plot_memory(model, seq_len, batch_size, dtype, gpu)
     p = plan(config, gpu, seq_len, batch_size, dtype=dtype, weight_dtype="fp16")
     first, second, verdict, context, users, *beyond = lines(text)
-    trained = config.max_seq_len
+    trained = ch03.trained_context(config)
     assert beyond == ([f"⚠ {seq_len:,} tokens is beyond the {trained:,} {model} was trained for (shaded): "
                        "the memory is real, the model's quality there is not."] if seq_len > trained else [])
     assert f"= {format_bytes(kv_bytes_per_token(config, dtype))} per token in {dtype}" in first
@@ -142,6 +142,16 @@ def test_the_cache_is_a_straight_line_of_slope_one_on_the_log_log_plot():
     slope = np.diff(np.log2(y)) / np.diff(np.log2(x))
     assert np.allclose(slope, 1.0)
     assert y[0] == pytest.approx(x[0] * 2 * kv_bytes_per_token(PRESETS["llama-3-8b"]))
+
+
+@pytest.mark.parametrize("model, trained", [("mistral-7b", 8192), ("qwen2.5-7b", 32768),
+                                            ("llama-2-7b", 4096)])
+def test_the_explorer_warns_beyond_the_trained_not_the_declared_context(model, trained):
+    # Mistral-7B's and Qwen2.5's configs declare more positions than the models were trained on
+    assert ch03.trained_context(PRESETS[model]) == trained <= PRESETS[model].max_seq_len
+    _, text = plot_memory(model, 2 * trained, 1, "fp16", "H200 141GB")
+    assert f"beyond the {trained:,} {model} was trained for" in text
+    assert "⚠" not in plot_memory(model, trained, 1, "fp16", "H200 141GB")[1]
 
 
 def test_a_model_trained_for_the_whole_range_has_no_shading_or_warning():

@@ -43,6 +43,26 @@ def test_a_tight_pool_shows_preemptions_on_the_timeline():
     assert "preempt" in phases
 
 
+def test_swapped_out_time_is_drawn_as_swapped_out_and_the_legend_names_every_mark():
+    requests = [Request([1] * 8, 12), Request([2] * 8, 12)]
+    run = Scheduler(None, config=LLAMA, num_blocks=6, block_size=4, clock="steps",
+                    preemption="swap").run(requests)
+    outs = [(s.start, i) for s in run.steps for i, kind, _ in s.events if kind == "swap-out"]
+    ins = [(s.start, i) for s in run.steps for i, kind, _ in s.events if kind == "swap-in"]
+    assert outs and ins
+    segs = ch08.request_segments(run)
+    (t_out, i), (t_in, _) = outs[0], next(x for x in ins if x[1] == outs[0][1])
+    swapped = [(a, b) for a, b, p in segs[i] if p == "swap-out"]
+    assert swapped and swapped[0][0] == t_out and swapped[-1][1] <= t_in
+    assert all(p != "waiting" or b <= t_out or a >= t_in for a, b, p in segs[i])
+    labels = [t.get_text() for t in ch08.plot_timeline(run).axes[0].get_legend().get_texts()]
+    assert "swapped out" in labels and "arrival" in labels
+    recompute = Scheduler(None, config=LLAMA, num_blocks=6, block_size=4, clock="steps").run(requests)
+    labels = [t.get_text() for t in ch08.plot_timeline(recompute).axes[0].get_legend().get_texts()]
+    assert "preempted (recompute)" in labels and "swapped out" not in labels
+    plt.close("all")
+
+
 def test_figures_draw_what_they_are_given():
     run = small_run()
     fig = ch08.plot_timeline(run)
