@@ -446,6 +446,9 @@ def deck(nb, guide_text: str | None, chapter: str | None):
                 note.pop("id", None)
             new.append(note)
     copy.cells = new
+    # A slide of one cell taller than the screen cannot be split at a cell boundary: the deck scrolls
+    # it (RISE's `scroll` option) instead of cutting it off.
+    copy.metadata["rise"] = {**copy.metadata.get("rise", {}), "scroll": True}
     return copy, lost
 
 

@@ -4,16 +4,24 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+
+class Opaque:
+    """An object no checker knows; its fixed repr keeps test ids equal across pytest-xdist workers."""
+
+    def __repr__(self) -> str:
+        return "Opaque()"
+
+
 # Values no exercise accepts: each must get a hint (a false Verdict), not an exception.
 WRONG_VALUES = [
     None, "", "lots", "nan", "inf", "1e999", float("nan"), float("inf"), -float("inf"), 10**400, -(10**400),
-    True, [1, 2, 3], (), {"a": 1}, object(), b"14", complex(1, 2), torch.tensor([1.0, 2.0]),
+    True, [1, 2, 3], (), {"a": 1}, Opaque(), b"14", complex(1, 2), torch.tensor([1.0, 2.0]),
     torch.tensor(float("nan")), torch.ones(3, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.int8),
     print, np.array([1.0, 2.0]), np.array([True]), np.complex128(1 + 2j), torch.tensor([1 + 2j]),
 ]
 # Two-number answers (naive, cached) / (blocks, wasted) with a part no exercise accepts.
 WRONG_PAIRS = [(None, None), ("a", "b"), (float("nan"), 1), (1, float("inf")), (10**400, 1),
-               (torch.ones(2), 1), ([1], [2]), (1, 2, 3), "12", (object(), 1),
+               (torch.ones(2), 1), ([1], [2]), (1, 2, 3), "12", (Opaque(), 1),
                np.array([1, 2, 3]), torch.tensor([True, False]), (np.array([1, 2]), 1)]
 
 
