@@ -1,8 +1,15 @@
 """What a learner might type as an answer, for the checkers' "a hint, never a traceback" tests."""
 
+import re
+
 import numpy as np
 import torch
 from hypothesis import strategies as st
+
+
+def stable_id(value) -> str:
+    """A test id from repr(value) without memory addresses, the same in every pytest-xdist worker."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
 class Opaque:
@@ -53,7 +60,7 @@ def hint_test(checkers, answers):
     Verdict for every one of them (and raises nothing)."""
     import pytest
 
-    @pytest.mark.parametrize("answer", answers, ids=repr)
+    @pytest.mark.parametrize("answer", answers, ids=stable_id)
     def test_any_wrong_answer_gets_a_hint(answer, capsys):
         assert not any(checker(answer) for checker in checkers)
         assert capsys.readouterr().out.count("✗ Not yet. Hint:") == len(checkers)

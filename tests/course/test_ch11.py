@@ -2,7 +2,7 @@
 print a hint, none raises), the capacity curve, and the notebook asking every question once."""
 
 import pytest
-from answers import WRONG_VALUES, Opaque, verdict_test
+from answers import WRONG_VALUES, Opaque, stable_id, verdict_test
 
 from kvlab import PRESETS, memory
 from kvlab.course import ch07_serving_many_users as ch07
@@ -41,7 +41,7 @@ def test_right_answer_passes(name, capsys):
 
 
 @pytest.mark.parametrize("name", CHECKERS)
-@pytest.mark.parametrize("answer", [None, "", "e", [1, 2], Opaque(), True] + WRONG_VALUES, ids=repr)
+@pytest.mark.parametrize("answer", [None, "", "e", [1, 2], Opaque(), True] + WRONG_VALUES, ids=stable_id)
 def test_unanswered_or_wrong_type_prints_hint_and_never_raises(name, answer, capsys):
     assert bool(getattr(ch11, name)(answer)) is False
     assert capsys.readouterr().out.startswith("✗ Not yet. Hint:")
