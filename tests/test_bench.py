@@ -391,6 +391,22 @@ def test_speculative_prompts_hold_held_out_text_or_repeat_their_start():
         speculative_prompts("code", encode_bytes, 1, 10)
 
 
+def test_pass_costs_time_a_copy_of_each_drafter_and_leave_the_callers_as_it_was():
+    from kvlab.drafters import ModelDrafter
+
+    torch.manual_seed(0)
+    target = Transformer(TINY).eval()
+    drafter = ModelDrafter(Transformer(TINY.with_(n_layers=1)).eval())
+    drafter.reset(64)
+    context = list(range(1, 17))
+    drafter.propose(context[:5], 2)
+    fed_before = list(drafter.fed)
+    costs = bench.pass_costs(target, {"draft": drafter}, [2, 3], context, repeats=2, calls=2)
+    assert drafter.fed == fed_before  # a speculative run timed between the calls finds its drafter intact
+    assert set(costs["verify"]) == set(costs["draft"]["draft"]) == {2, 3}
+    assert costs["step_s"] > 0 and all(v > 0 for v in costs["verify"].values())
+
+
 def test_command_line_speculative_sweep(tmp_path):
     result = cli.main(["--quick", "--repeats", "1", "--sweeps", "speculative", "--out", str(tmp_path),
                        "--stem", "spec", "--no-progress"])

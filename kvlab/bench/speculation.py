@@ -8,6 +8,7 @@ quoting its source or a code edit does: where prompt lookup shines)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import torch
@@ -45,7 +46,19 @@ def pass_costs(model, drafters: dict[str, Drafter], ks: Sequence[int], context: 
                repeats: int = 5, clock: str = "cpu", calls: int = 20) -> dict:
     """The costs the formula needs, in target decode steps, measured at `context`: `verify[k]`, the
     target's pass over k + 1 tokens; `draft[name][k]`, one `propose(context, k)` of each drafter.
-    Timed interleaved, `calls` each a repeat, medians."""
+    Timed interleaved, `calls` each a round; each cost is the median over the rounds of its ratio
+    to the same round's one-token pass."""
+    device = next(model.parameters()).device
+    times = time_interleaved(_cost_fns(model, drafters, ks, context, calls), repeats, 1, device, clock=clock)
+    return _costs(times, drafters, ks, calls)
+
+
+def _cost_fns(model, drafters: dict[str, Drafter], ks: Sequence[int], context: list[int],
+              calls: int) -> dict:
+    """The timed calls behind `pass_costs`, keyed ("pass", "verify", t) for the target's pass over
+    t tokens and ("pass", "draft", name, k) for a drafter's propose of k guesses; each makes `calls`
+    of them. Every drafter is a shallow copy with its own cache, so that speculative runs timed
+    between these calls leave it as it was."""
     device = next(model.parameters()).device
     n = len(context)
     cache = make_cache("static", model.config, 1, n + max(ks) + 1, next(model.parameters()).dtype, device)
@@ -64,38 +77,51 @@ def pass_costs(model, drafters: dict[str, Drafter], ks: Sequence[int], context: 
         return run
 
     def draft(drafter: Drafter, k: int):
+        drafter = copy.copy(drafter)
         drafter.reset(n + k)
         drafter.propose(context, k)  # its cache now holds the context: each call guesses afresh
         return lambda: [drafter.propose(context, k) for _ in range(calls)]
 
-    fns = {("verify", 1): target(1)}
-    fns.update({("verify", k + 1): target(k + 1) for k in ks})
-    fns.update({(name, k): draft(d, k) for name, d in drafters.items() for k in ks})
-    times = {key: median(t) for key, t in time_interleaved(fns, repeats, 1, device, clock=clock).items()}
-    step = times["verify", 1]
-    return {"step_s": step / calls,
-            "verify": {k: times["verify", k + 1] / step for k in ks},
-            "draft": {name: {k: times[name, k] / step for k in ks} for name in drafters}}
+    fns = {("pass", "verify", 1): target(1)}
+    fns.update({("pass", "verify", k + 1): target(k + 1) for k in ks})
+    fns.update({("pass", "draft", name, k): draft(d, k) for name, d in drafters.items() for k in ks})
+    return fns
+
+
+def _costs(times: dict, drafters: dict[str, Drafter], ks: Sequence[int], calls: int) -> dict:
+    """pass_costs' result from the timings of `_cost_fns`' calls: per-round ratios to the one-token
+    pass (a round's load is shared by everything timed in it), medians."""
+    step = times["pass", "verify", 1]
+
+    def steps(key) -> float:
+        return median([t / s for t, s in zip(times[key], step, strict=True)])
+
+    return {"step_s": median(step) / calls,
+            "verify": {k: steps(("pass", "verify", k + 1)) for k in ks},
+            "draft": {name: {k: steps(("pass", "draft", name, k)) for k in ks} for name in drafters}}
 
 
 def sweep_speculative(model, label: str, drafters: dict[str, Drafter], prompts: dict[str, list[list[int]]],
                       ks: Sequence[int], new_tokens: int, repeats: int = 3, clock: str = "cpu",
-                      progress: bool = False) -> list[dict]:
+                      progress: bool = False, calls: int = 20) -> list[dict]:
     """Plain greedy decoding vs speculative decoding with each drafter and k, on each text's prompts
     (one timed call decodes all of them): rows with medians, speed-up, tokens checked, acceptance, and
-    the formula's expected speed-up from the measured acceptance and pass costs."""
-    first = next(iter(prompts.values()))[0]
-    costs = pass_costs(model, drafters, ks, first, repeats, clock)
+    the formula's expected speed-up from the measured acceptance and pass costs (`pass_costs` at the
+    text's first prompt, `calls` a round). The pass costs are timed in the same interleaved rounds as
+    the runs, and every ratio is the median of the rounds' ratios: a change of load between rounds
+    moves both sides of a ratio alike."""
     rows = []
     for text, batch in prompts.items():
+        cost_fns = _cost_fns(model, drafters, ks, batch[0], calls)
         times, results = _time_runs(model, drafters, batch, ks, new_tokens, repeats, clock, progress,
-                                    f"speculative, {label}, {text}")
+                                    f"speculative, {label}, {text}", cost_fns)
+        costs = _costs(times, drafters, ks, calls)
         common = dict(model=label, text=text, prompts=len(batch), new_tokens=new_tokens, clock=clock)
-        base = median(times[PLAIN])
-        rows.append(result_row("speculative", PLAIN, times[PLAIN], len(batch) * new_tokens, **common,
+        base = times[PLAIN]
+        rows.append(result_row("speculative", PLAIN, base, len(batch) * new_tokens, **common,
                                speedup_vs_plain=1.0))
-        for (name, k), t in ((key, t) for key, t in times.items() if key != PLAIN):
-            runs = results[name, k]
+        for name, k in ((name, k) for name in drafters for k in ks):
+            t, runs = times[name, k], results[name, k]
             diverged = [first_divergence(r.tokens, p, len(q))
                         for r, p, q in zip(runs, results[PLAIN], batch, strict=True)]
             accepted, proposed = sum(r.accepted for r in runs), sum(r.proposed for r in runs)
@@ -105,7 +131,7 @@ def sweep_speculative(model, label: str, drafters: dict[str, Drafter], prompts: 
             c = costs["draft"][name][k] / k
             rows.append(result_row(
                 "speculative", f"speculative, {name}", t, len(batch) * new_tokens, **common, drafter=name,
-                k=k, speedup_vs_plain=base / median(t),
+                k=k, speedup_vs_plain=median([b / x for b, x in zip(base, t, strict=True)]),
                 tokens_identical=all(d is None for d in diverged),
                 first_divergence=min((d for d in diverged if d is not None), default=None),
                 acceptance_rate=accepted / proposed if proposed else float("nan"),
@@ -119,9 +145,9 @@ def sweep_speculative(model, label: str, drafters: dict[str, Drafter], prompts: 
 
 
 def _time_runs(model, drafters: dict[str, Drafter], batch: list[list[int]], ks: Sequence[int],
-               new_tokens: int, repeats: int, clock: str, progress: bool, desc: str):
-    """Time plain decoding of every prompt of `batch`, and speculative decoding with each drafter
-    and k, interleaved; return the times and the last run's results, by method."""
+               new_tokens: int, repeats: int, clock: str, progress: bool, desc: str, also: dict):
+    """Time plain decoding of every prompt of `batch`, speculative decoding with each drafter and k,
+    and the calls of `also`, interleaved; return the times and the last run's results, by method."""
     results: dict = {}
 
     def plain():
@@ -133,7 +159,7 @@ def _time_runs(model, drafters: dict[str, Drafter], batch: list[list[int]], ks: 
                                 for p in batch]
         return run
 
-    fns = {PLAIN: plain, **{(name, k): speculative(name, k) for name in drafters for k in ks}}
+    fns = {PLAIN: plain, **{(name, k): speculative(name, k) for name in drafters for k in ks}, **also}
     device = next(model.parameters()).device
     return time_interleaved(fns, repeats, 1, device, progress, desc, clock), results
 

@@ -76,6 +76,23 @@ class LabServer:
         lines = self.log.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
+    def shut_down_kernels(self) -> None:
+        """Shut down every kernel the server runs (through its REST API)."""
+        with urllib.request.urlopen(f"{self.url}/api/kernels", timeout=10) as r:
+            kernels = json.load(r)
+        for kernel in kernels:
+            request = urllib.request.Request(f"{self.url}/api/kernels/{kernel['id']}", method="DELETE")
+            urllib.request.urlopen(request, timeout=30).close()
+
+
+@pytest.fixture(autouse=True)
+def _kernels_shut_down(request):
+    """After a test that ran notebooks in the server, shut their kernels down: an idle kernel still
+    holds its models (a GB or more), and nothing later uses it."""
+    yield
+    if "lab_server" in request.fixturenames:
+        request.getfixturevalue("lab_server").shut_down_kernels()
+
 
 @pytest.fixture(scope="session")
 def lab_server() -> Iterator[LabServer]:
