@@ -77,21 +77,13 @@ class LabServer:
         return "\n".join(lines[-n:])
 
     def shut_down_kernels(self) -> None:
-        """Shut down every kernel the server runs (through its REST API)."""
-        with urllib.request.urlopen(f"{self.url}/api/kernels", timeout=10) as r:
-            kernels = json.load(r)
-        for kernel in kernels:
-            request = urllib.request.Request(f"{self.url}/api/kernels/{kernel['id']}", method="DELETE")
+        """End every session the server holds (each page that opened a notebook started one), and so
+        its kernel: an idle kernel still holds its models, a GB or more, on a crowded machine."""
+        with urllib.request.urlopen(f"{self.url}/api/sessions", timeout=10) as r:
+            sessions = json.load(r)
+        for session in sessions:
+            request = urllib.request.Request(f"{self.url}/api/sessions/{session['id']}", method="DELETE")
             urllib.request.urlopen(request, timeout=30).close()
-
-
-@pytest.fixture(autouse=True)
-def _kernels_shut_down(request):
-    """After a test that ran notebooks in the server, shut their kernels down: an idle kernel still
-    holds its models (a GB or more), and nothing later uses it."""
-    yield
-    if "lab_server" in request.fixturenames:
-        request.getfixturevalue("lab_server").shut_down_kernels()
 
 
 @pytest.fixture(scope="session")
@@ -171,11 +163,15 @@ def browser():
 
 
 @pytest.fixture
-def page(browser):
+def page(browser, request):
+    """A fresh page; afterwards, the kernels of the notebooks the test ran are shut down (no later
+    test uses them: each opens and runs its own)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     yield page
     context.close()
+    if "lab_server" in request.fixturenames:
+        request.getfixturevalue("lab_server").shut_down_kernels()
 
 
 @pytest.fixture(scope="session")

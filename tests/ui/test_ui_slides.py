@@ -19,7 +19,6 @@ jupyterlab-contrib/rise#119, and the explorer then shows as text.)
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,15 +106,6 @@ def measure(page) -> dict:
     return page.evaluate(_MEASURE)
 
 
-def _shut_down_kernels(url: str) -> None:
-    """Each /rise/ page starts a kernel: stop them, so nine idle kernels do not crowd the machine."""
-    with urllib.request.urlopen(f"{url}/api/sessions", timeout=10) as r:
-        sessions = json.load(r)
-    for s in sessions:
-        req = urllib.request.Request(f"{url}/api/sessions/{s['id']}", method="DELETE")
-        urllib.request.urlopen(req, timeout=30).close()
-
-
 @pytest.fixture(scope="module")
 def decks(lab_server) -> Path:
     """The decks of every chapter, written by tools/slides.py into the server's root."""
@@ -153,7 +143,7 @@ def test_every_slide_fits_the_screen(path: Path, slide_page, lab_server, decks):
     try:
         report = measure(slide_page)
     finally:
-        _shut_down_kernels(lab_server.url)
+        lab_server.shut_down_kernels()
     heights = [s["height"] for s in report["slides"]]
     print(f"\n{path.name}: {len(heights)} slides, limit {slide_limit(report)} px, "
           f"{len(overflowing(path.name, report))} overflow, tallest {max(heights, default=0)} px")
@@ -192,7 +182,7 @@ def live_slides(browser, lab_server, decks):
         yield page
     finally:
         context.close()
-        _shut_down_kernels(lab_server.url)
+        lab_server.shut_down_kernels()
 
 
 _SHOW_SLIDE_OF = """(node) => {
