@@ -7,6 +7,7 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it, never called
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s two workers (`--dist loadfile`) take whole files, so a notebook's cells run in
     order in one kernel and a module's fixtures are made once; the browser runs of the explorers,
