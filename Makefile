@@ -36,7 +36,7 @@ lab: $(STAMP)
 test: $(STAMP)
 	@echo "test: ruff, then pytest: unit and course tests, every notebook (nbval), the website, the browser"
 	@echo "test: about 15 minutes on two cores, two pytest workers (a notebook's cells stay on one); a dot a test"
-	$(VENV)/bin/ruff check kvlab tests tools notebooks
+	$(VENV)/bin/ruff check kvlab tests tools notebooks conftest.py
 	$(OFFLINE) $(PY) -m pytest -n 2 --dist loadfile tests notebooks $(NBVAL)
 
 # Re-execute every notebook top to bottom in a fresh kernel and save its outputs.

@@ -171,6 +171,19 @@ def load_course_model(dtype=None, device=None, transformers_too: bool = False) -
                                 "save_pretrained (with its config.json) nor a .gguf file")
 
 
+def convert_course_model() -> bool:
+    """Convert the course's model into the cache now, if it is not there yet; True when it converted.
+    The first load shows transformers' conversion progress bar: the test session and `make notebooks`
+    call this first, so every notebook's stored output is that of a load from the cache."""
+    if os.environ.get(REAL_MODEL_ENV):
+        return False  # another model: loaded as it is named, nothing to prepare
+    path = locate()
+    if (cache_dir() / f"{path.stem}-{verify(path)[:16]}" / "config.json").is_file():
+        return False
+    load_course_model()
+    return True
+
+
 def load_gguf(path: Path, sha256: str, dtype: torch.dtype, device, transformers_too: bool = False,
               n_params: int | None = None, name: str | None = None) -> tuple:
     """A GGUF file's model: from the cache when it holds it (under the file's sha256), else converted

@@ -164,6 +164,11 @@ def _plain(markup: str) -> str:
 
 def main(argv: list[str]) -> None:
     snapshot_only = "--snapshot-only" in argv
+    if not snapshot_only:
+        from kvlab.course_model import convert_course_model
+
+        print("converted the course's real model into its cache (the first run only)"
+              if convert_course_model() else "the course's real model is in its cache", flush=True)
     for arg in (a for a in argv if a != "--snapshot-only"):
         path = Path(arg)
         if snapshot_only:
