@@ -214,6 +214,21 @@ def test_a_huge_cache_is_refused_with_its_byte_count_before_any_allocation(kind,
     assert " bytes" in text and "kv_cache_bytes" in text
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("to_int", [np.int32, np.int64], ids=["int32", "int64"])
+def test_a_huge_cache_sized_by_numpy_ints_is_refused_like_python_ints(kind, to_int):
+    batch, length = to_int(4096), to_int(2**17)  # their product overflows int32 (0 bytes there)
+    build = {
+        "static": lambda: StaticKVCache(CFG, batch, length),
+        "int8": lambda: QuantizedKVCache(CFG, batch, length),
+        "paged": lambda: PagedKVCache(CFG, batch, length),
+        "window": lambda: SlidingWindowKVCache(CFG, batch, length),
+        "heavy hitters": lambda: HeavyHitterKVCache(CFG, batch, length),
+        "prefix store": lambda: PrefixKVStore(CFG, batch * length, 4),
+    }[kind]
+    assert " bytes" in message(build, MemoryError)
+
+
 def test_a_huge_cache_on_the_meta_device_is_refused_too():
     assert StaticKVCache(CFG, 1, 10**6, device="meta").k.is_meta  # 8 GiB on meta: allowed, nothing held
     assert "cannot tell how much is free" in message(

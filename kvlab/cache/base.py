@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 
 import torch
 
@@ -203,6 +204,7 @@ def allocate(shape: tuple[int, ...], dtype: torch.dtype, device, what: str = "th
     size fits in the memory it has free, so a size typed wrong is refused with its byte count
     instead of reaching the allocator. The size is counted in Python integers (no overflow)."""
     device = validate.device("device", device)
+    shape = tuple(operator.index(d) for d in shape)  # NumPy ints would overflow in the product
     size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     free = available_memory(device)
     if size > MAX_BYTES or (free is not None and size > free):
