@@ -58,15 +58,15 @@ GiB = memory.GiB
     ("NVIDIA H200", 139.8, "H200 141GB SXM", 4.8e12),
 ])
 def test_gpus_are_matched_on_the_whole_name_and_the_memory(name, gib, expected, bandwidth):
-    known = bench.match_gpu(name, round(gib * GiB))
+    known = memory.match_gpu(name, round(gib * GiB))
     assert known is not None and known.name == expected and known.bandwidth_bytes_per_s == bandwidth
 
 
 def test_a_gpu_name_alone_is_enough_when_it_tells_the_size():
-    assert bench.match_gpu("Tesla T4").name == "T4 16GB"
-    assert bench.match_gpu("NVIDIA H200").name == "H200 141GB SXM"
-    assert bench.match_gpu("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM"
-    assert bench.match_gpu("NVIDIA H100 PCIe") is None  # 80 or 94 GB H100: the memory decides
+    assert memory.match_gpu("Tesla T4").name == "T4 16GB"
+    assert memory.match_gpu("NVIDIA H200").name == "H200 141GB SXM"
+    assert memory.match_gpu("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM"
+    assert memory.match_gpu("NVIDIA H100 PCIe") is None  # 80 or 94 GB H100: the memory decides
 
 
 @pytest.mark.parametrize("name,gib", [
@@ -79,7 +79,7 @@ def test_a_gpu_name_alone_is_enough_when_it_tells_the_size():
     ("NVIDIA GeForce RTX 3060", 12.0),
 ])
 def test_gpus_the_table_cannot_identify_are_unknown(name, gib):
-    assert bench.match_gpu(name, None if gib is None else round(gib * GiB)) is None
+    assert memory.match_gpu(name, None if gib is None else round(gib * GiB)) is None
 
 
 def test_a_copy_for_the_bandwidth_is_at_least_four_times_the_l2():

@@ -233,6 +233,26 @@ def test_current_gpu_reads_cuda_or_says_there_is_none():
             current_gpu()
 
 
+@pytest.mark.parametrize("name, gib, bandwidth", [
+    ("NVIDIA H100 PCIe", 79.2, 2.0e12),            # not the SXM part's 3.35 TB/s
+    ("NVIDIA H100 80GB HBM3", 79.1, 3.35e12),
+    ("NVIDIA A100 80GB PCIe", 79.15, 1935e9),      # not the SXM part's 2,039 GB/s
+    ("NVIDIA GH200 480GB", 94.5, None),            # unknown: nan, not the H200's figure
+])
+def test_current_gpu_takes_the_bandwidth_of_the_model_its_full_name_and_memory_identify(
+        monkeypatch, name, gib, bandwidth):
+    total = round(gib * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total // 2, total))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    g = current_gpu()
+    assert g.name == name and g.memory_bytes == total
+    if bandwidth is None:
+        assert g.bandwidth_bytes_per_s != g.bandwidth_bytes_per_s  # nan
+    else:
+        assert g.bandwidth_bytes_per_s == bandwidth
+
+
 def test_weights_alone_do_not_fit():
     p = plan(PRESETS["llama-3.1-405b"], "T4 16GB", 128)
     assert not p.fits and p.free_for_cache < 0 and p.max_context == 0 and p.max_batch == 0

@@ -108,13 +108,13 @@ import json, subprocess, sys
 
 import torch
 
-from kvlab import bench
+from kvlab import bench, memory
 
 device = sys.argv[1]
 info = bench.machine(device)
 if device == "cuda":
     props = torch.cuda.get_device_properties(0)
-    known = bench.match_gpu(props.name, props.total_memory)
+    known = memory.match_gpu(props.name, props.total_memory)
     info["data_sheet_bandwidth_bytes_per_s"] = known.bandwidth_bytes_per_s if known else None
     info["copy_bytes"] = bench.copy_bytes_beyond_l2(getattr(props, "L2_cache_size", 0))
     info["measured_copy_bandwidth_bytes_per_s"] = bench.copy_bandwidth(device, info["copy_bytes"], repeats=10)

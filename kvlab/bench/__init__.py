@@ -9,8 +9,8 @@ machine slows both alike.
 
 The package, one job a module; the names below are importable from `kvlab.bench` itself:
 - `timing`: `time_call`, `time_interleaved`, `median`, `op_counts`, `fit_step_time`;
-- `machine`: what a run was measured on, and the bandwidth it runs against (`match_gpu`: a GPU's
-  data-sheet entry from its full name and memory, or "unknown" and a copy measured beyond its L2);
+- `machine`: what a run was measured on, and the bandwidth it runs against (a GPU's data-sheet
+  entry, `kvlab.memory.match_gpu`, or "unknown" and a copy measured beyond its L2);
 - `sweeps`: naive vs cached decoding across lengths, the fixed-shape step eager vs CUDA-graphed /
   compiled, batch size, cache memory measured vs `kvlab.memory`'s formula, and the achieved share of
   the bandwidth roofline (`kvlab.roofline` holds the theory);
@@ -34,13 +34,11 @@ from .compare import (
     teacher_forced_agreement,
 )
 from .machine import (
-    KNOWN_GPUS,
     copy_bandwidth,
     copy_bytes_beyond_l2,
     cpu_name,
     device_bandwidth,
     machine,
-    match_gpu,
 )
 from .speculation import pass_costs, speculative_prompts, sweep_speculative
 from .sweeps import (
@@ -57,10 +55,10 @@ from .sweeps import (
 )
 from .timing import CLOCKS, fit_step_time, median, op_counts, time_call, time_interleaved
 
-__all__ = ["CLOCKS", "CPU_CONFIG", "GPU_CONFIG", "KNOWN_GPUS", "TORCH_DTYPE_NAMES", "compare_hf",
+__all__ = ["CLOCKS", "CPU_CONFIG", "GPU_CONFIG", "TORCH_DTYPE_NAMES", "compare_hf",
            "compare_models", "compare_real_model", "copy_bandwidth", "copy_bytes_beyond_l2", "cpu_name",
            "device_bandwidth", "first_divergence", "fit_step_time", "hf_compiles", "hf_generate_kwargs",
-           "hf_twin", "machine", "match_gpu", "median", "memory_check", "op_counts", "pass_costs",
+           "hf_twin", "machine", "median", "memory_check", "op_counts", "pass_costs",
            "random_model", "random_prompt", "roofline_rows", "speculative_prompts", "sweep_batch",
            "sweep_lengths", "sweep_modes", "sweep_speculative", "teacher_forced_agreement", "time_call",
            "time_interleaved"]
