@@ -236,6 +236,23 @@ def test_teacher_forcing_feeds_the_reference_not_the_model_own_choices():
         bench.teacher_forced_agreement(FastDecoder(b, 1, 32), tokens, prompt_len)
 
 
+@pytest.mark.parametrize("cache", ["static", "dynamic", "paged"])
+def test_teacher_forcing_through_the_model_forward_agrees_with_one_pass(cache):
+    from kvlab.bench.compare import model_teacher_forced_agreement
+    from kvlab.generate import generate
+
+    a, b = (Transformer(TINY).eval() for _ in range(2))
+    prompt_len, new = 5, 12
+    tokens = generate(a, torch.randint(0, TINY.vocab_size, (2, prompt_len)), new).tokens
+    assert model_teacher_forced_agreement(a, tokens, prompt_len, cache) == 1.0
+    with torch.inference_mode():
+        expected = (b(tokens)[:, prompt_len - 1:-1].argmax(-1) == tokens[:, prompt_len:]).float().mean()
+    got = model_teacher_forced_agreement(b, tokens, prompt_len, cache)
+    assert got == pytest.approx(expected.item()) and got < 1.0
+    with pytest.raises(ValueError, match="prompt_len=17 must be between 1 and 16"):
+        model_teacher_forced_agreement(b, tokens, 17, cache)
+
+
 @pytest.fixture(scope="module")
 def real_checkpoint(tmp_path_factory):
     pytest.importorskip("transformers")

@@ -21,9 +21,11 @@ from contextlib import contextmanager
 import torch
 
 from .. import env, roofline
+from ..cache import make_cache
 from ..config import ModelConfig
 from ..fast import FastDecoder, fast_generate, make_step
 from ..generate import generate
+from ..model import Transformer
 from .sweeps import CPU_CONFIG, TORCH_DTYPE_NAMES, random_prompt, result_row
 from .timing import median, time_interleaved
 
@@ -149,14 +151,35 @@ def teacher_forced_agreement(decoder: FastDecoder, tokens: torch.Tensor, prompt_
                          f"{total}; the decoder has batch {decoder.batch_size}, {decoder.max_seq_len} "
                          "positions")
     device = decoder.k.device
-    tokens = tokens.to(device)
     step_fn = step_fn or decoder.step
-    logits = decoder.step(tokens[:, :prompt_len], torch.arange(prompt_len, device=device))
-    hits = []
-    for t in range(prompt_len, total):
+    return _agreement(tokens.to(device), prompt_len,
+                      lambda ids: decoder.step(ids, torch.arange(prompt_len, device=device)),
+                      lambda ids, t: step_fn(ids, torch.tensor([t], device=device)))
+
+
+@torch.inference_mode()
+def model_teacher_forced_agreement(model: Transformer, tokens: torch.Tensor, prompt_len: int,
+                                   cache: str = "static") -> float:
+    """`teacher_forced_agreement` of the model's own forward with a cache of kind `cache` (the path
+    `generate` times), fed `tokens` one position at a time after the prompt."""
+    batch, total = tokens.shape
+    if not 0 < prompt_len < total:
+        raise ValueError(f"prompt_len={prompt_len} must be between 1 and {total - 1} for tokens "
+                         f"{tuple(tokens.shape)}")
+    weight = model.embed.weight
+    kv = make_cache(cache, model.config, batch, total, dtype=weight.dtype, device=weight.device)
+    return _agreement(tokens.to(weight.device), prompt_len,
+                      lambda ids: model(ids, cache=kv)[:, -1], lambda ids, t: model(ids, cache=kv)[:, -1])
+
+
+def _agreement(tokens: torch.Tensor, prompt_len: int, prefill, step) -> float:
+    """prefill(prompt ids) and step(one token's ids, its position) each return the next-token logits
+    (B, vocab); the share of positions after the prompt where their argmax is tokens' next token."""
+    logits, hits = prefill(tokens[:, :prompt_len]), []
+    for t in range(prompt_len, tokens.shape[1]):
         hits.append(logits.argmax(-1) == tokens[:, t])
-        if t + 1 < total:
-            logits = step_fn(tokens[:, t:t + 1], torch.tensor([t], device=device))
+        if t + 1 < tokens.shape[1]:
+            logits = step(tokens[:, t:t + 1], t)
     return torch.stack(hits).float().mean().item()
 
 
@@ -231,7 +254,7 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
     mask = torch.ones_like(ids)
     outputs: dict[str, torch.Tensor] = {}
     decisions: dict[str, list[bool]] = {}
-    decoders: dict[str, tuple] = {KVLAB_GENERATE: (FastDecoder(kv_model, 1, prompt_len + new_tokens), None)}
+    decoders: dict[str, tuple] = {}  # the fast path's decoders and steps, by label
 
     def run_hf(label, kwargs):
         with compile_decisions(hf_model) as seen, torch.inference_mode():
@@ -270,7 +293,10 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
         checks = {"tokens_identical": bool(torch.equal(outputs[label].cpu(), reference.cpu())),
                   "first_divergence": first_divergence(outputs[label], reference, prompt_len),
                   "teacher_forced_agreement": None}
-        if label in decoders:
+        if label == KVLAB_GENERATE:  # the model's forward, the path generate times
+            agreement = model_teacher_forced_agreement(kv_model, reference, prompt_len)
+            checks["teacher_forced_agreement"] = agreement
+        elif label in decoders:
             dec, step = decoders[label]
             checks["teacher_forced_agreement"] = teacher_forced_agreement(dec, reference, prompt_len, step)
         return checks
@@ -285,8 +311,7 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
     def slots_read(label: str) -> int:
         # The cached positions a decode step reads, on average over the run: the filled ones for
         # the model's forward and transformers; all S_max slots of its buffer for kvlab.fast.
-        fast = label in decoders and label != KVLAB_GENERATE
-        return prompt_len + (new_tokens if fast else new_tokens // 2)
+        return prompt_len + (new_tokens if label in decoders else new_tokens // 2)
 
     def bandwidth_share(label: str, seconds: float) -> dict:
         out = {"kv_slots_read_per_step": slots_read(label)}

@@ -98,7 +98,8 @@ SECTIONS = {
 NOTES = {
     "compare_hf": "first_divergence: the first new token (0-based) at which a method's free generation "
                   "differs from transformers' with its dynamic cache (— for none); "
-                  "teacher_forced_agreement: kvlab's decode step fed transformers' tokens, the share of "
+                  "teacher_forced_agreement: each kvlab row's own code path (the model's forward for "
+                  "generate, the fixed-shape step for the fast rows) fed transformers' tokens, the share of "
                   "positions at which its argmax is transformers' next token. speedup_vs_hf_*: "
                   "transformers' median time ÷ this method's; its eager rows run with "
                   "disable_compile=True, its compiled row with transformers' own CompileConfig.",
