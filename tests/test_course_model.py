@@ -214,6 +214,14 @@ def test_a_corrupt_model_file_is_refused_naming_both_hashes(tiny, tmp_path, monk
     assert isinstance(err.value, hf.ModelUnavailableError) and conversions == []
 
 
+def test_a_damaged_gguf_file_named_by_kvlab_real_model_is_called_corrupt(tiny, tmp_path, monkeypatch):
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a model\n")
+    monkeypatch.setenv("KVLAB_REAL_MODEL", str(fake))
+    with pytest.raises(hf.CorruptModelError, match=rf"{fake} is not a readable GGUF file \(ValueError"):
+        course_model.load_course_model()
+
+
 def test_reading_a_gguf_without_the_gguf_package_says_how_to_install_it(tiny, monkeypatch):
     hide_package(monkeypatch, "gguf")
     with pytest.raises(hf.ModelUnavailableError, match=r"needs the package gguf: pip install gguf"):

@@ -169,3 +169,31 @@ def test_naive_decoding_feeds_everything_and_calls_on_token_each_step():
     out = generate(model, [3, 1, 4], 6, cache=None, on_token=lambda step, ids: seen.append(int(ids[0])))
     assert [s.fed_tokens for s in out.steps] == [3, 4, 5, 6, 7, 8]
     assert seen == out.new_tokens[0].tolist()
+
+
+def test_gpu_step_timing_waits_for_the_gpu_once_after_the_loop_not_at_every_step(monkeypatch):
+    """On CUDA each step is bracketed by events; the CPU waits once, when the times are read."""
+    from kvlab.generate import Step, _StepTimer
+
+    clock, waits = iter(range(100)), []
+
+    class Event:  # a CUDA event that records a tick of a fake GPU clock
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+        def record(self):
+            self.at = next(clock)
+        def synchronize(self):
+            waits.append("event")
+        def elapsed_time(self, end):  # milliseconds
+            return (end.at - self.at) * 1000.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waits.append("device"))
+    timer = _StepTimer(torch.device("cuda"))
+    steps = []
+    for _ in range(5):
+        started = timer.start()
+        steps.append(Step(fed_tokens=1, kv_rows=1, seconds=timer.stop(started), flops=None))
+    assert waits == [] and all(step.seconds is None for step in steps)  # no wait inside the loop
+    timer.fill(steps)
+    assert waits == ["event"] and [step.seconds for step in steps] == [1.0] * 5
