@@ -17,7 +17,8 @@ Nothing in a decode step depends on a Python value that changes from step to ste
 can be captured once as a CUDA graph (`mode="graph"`) or compiled with
 `torch.compile(mode="reduce-overhead")` (`mode="compile"`) and replayed: one launch instead of
 hundreds of small ones. `mode="eager"` (the default) runs the same function as plain PyTorch and
-works everywhere, the CPU included. The weights are the model's own modules: nothing is copied.
+works everywhere, the CPU included. On a GPU the weights are the model's own tensors; on the CPU the
+decoder may keep an (in, out) copy of them (below).
 This is a path of its own, named as such (`fast_generate`), beside `kvlab.generate.generate`, which
 runs the model's forward with any cache; both drive the one loop of `kvlab.sampling.decode_loop`, and
 in fp32 they give the same greedy tokens. The decoder counts the positions it has filled itself
@@ -31,7 +32,9 @@ the weights from memory (chapter 06 profiles it on SmolLM2-135M):
   BLAS streams that layout at about half the bandwidth it reaches on the transposed one, (in, out),
   multiplied as `x @ W_t`. So on the CPU the decoder keeps its own contiguous (in, out) copy of every
   weight matrix (`weight_layout="input-major"`: as many bytes again as the model's matrices, reported
-  by `weight_copy_bytes`; build the decoder after the weights are final). On a GPU it multiplies by
+  by `weight_copy_bytes`; build the decoder after the weights are final), unless the model stores its
+  weights that way already (`Transformer.store_weights_input_major`, as the course's real model does
+  on the CPU): then the decoder reads the model's own. On a GPU it multiplies by
   a transposed *view* of the model's own weights (`"model"`: no copy, the same kernel as
   `F.linear`).
 * **Attention on one thread.** The attention of one new token over a few hundred cached positions is
@@ -118,11 +121,12 @@ class FastDecoder(nn.Module):
 
     @property
     def weight_copy_bytes(self) -> int:
-        """Bytes of the decoder's own copy of the weight matrices (0 when it uses the model's)."""
-        if self.weight_layout == "model":
-            return 0
-        return self.head.nbytes + sum(w.nbytes for lw in self.layer_weights
-                                      for w in (lw.qkv, lw.out, lw.gate_up, lw.down))
+        """Bytes of the decoder's own copy of the weight matrices: 0 when it uses the model's (a GPU;
+        or a model whose weights are stored input-major already, `Transformer.store_weights_input_major`)."""
+        model = self.model
+        owned = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        mats = [self.head, *(w for lw in self.layer_weights for w in (lw.qkv, lw.out, lw.gate_up, lw.down))]
+        return sum(w.nbytes for w in mats if w.untyped_storage().data_ptr() not in owned)
 
     def step(self, ids: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """One forward pass over fixed shapes: write K, V at input_pos, attend over all S_max slots.

@@ -172,3 +172,8 @@ def test_both_weight_layouts_give_the_same_tokens_and_the_copy_is_counted():
     assert torch.equal(a, b) and torch.equal(a, generate(model, ids, 20, cache="static").tokens)
     with pytest.raises(ValueError, match="weight_layout"):
         FastDecoder(model, 1, 8, weight_layout="columns")
+    model.store_weights_input_major()  # the decoder can read the model's own matrices: no copy
+    stored = FastDecoder(model, 2, 30, weight_layout="input-major")
+    assert stored.weight_copy_bytes == 0
+    assert torch.equal(fast_generate(model, ids, 20, decoder=stored).tokens, a)
+    assert torch.equal(generate(model, ids, 20, cache="static").tokens, a)

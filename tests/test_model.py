@@ -24,6 +24,22 @@ def test_tied_embeddings_share_one_matrix():
     assert m.num_params() == param_count(m.config)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_weights_stored_input_major_keep_their_shapes_values_and_logits(tied):
+    m = Transformer(PRESETS["tiny-gqa"].with_(tie_embeddings=tied)).eval()
+    ids = torch.randint(0, 256, (2, 9))
+    before = {name: p.clone() for name, p in m.named_parameters()}
+    with torch.no_grad():
+        expected = m(ids)
+        m.store_weights_input_major()
+        assert torch.equal(m(ids), expected)
+    for name, p in m.named_parameters():
+        assert torch.equal(p, before[name]), name
+        if p.dim() == 2:  # stored as (in, out) rows: the transpose is the contiguous one
+            assert p.t().is_contiguous() and not p.is_contiguous(), name
+    assert (m.lm_head.weight is m.embed.weight) == tied
+
+
 def test_rope_tables_are_not_weights(model):
     assert not any("rope" in k for k in model.state_dict())
 
