@@ -87,7 +87,15 @@ def test_student_keeps_a_copy_the_learner_changed(tmp_path):
     said.clear()
     assert student.write_copies([NOTEBOOK], tmp_path, log=said.append) == []
     assert copy.read_text() == mine
-    assert len(said) == 1 and said[0].startswith(f"kept {copy}") and "--force" in said[0]
+    assert len(said) == 1 and said[0].startswith(f"kept {copy}") and "make student FORCE=1" in said[0]
+
+
+def test_student_refuses_an_output_that_is_a_file(tmp_path, capsys):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    with pytest.raises(SystemExit):
+        student.main(["--out", str(target), str(NOTEBOOK)])
+    assert "is a file, not a folder" in capsys.readouterr().err and target.read_text() == "mine"
 
 
 def test_student_rewrites_its_own_unchanged_copy(tmp_path):

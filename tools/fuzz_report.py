@@ -665,6 +665,22 @@ def cache_cases():
     update_cases()
 
 
+def stored_as_given(keys, values, positions, k, v, bound) -> bool:
+    """Every row update handed back for a new position holds that position's K and V (within bound).
+    A cache may hand back more rows than positions (the int8 cache's per-query views): the rows are
+    read by their positions (`key_positions`; None: rows 0..S-1 in order), as the model's mask reads them."""
+    t = k.shape[2]
+    if positions is None:
+        positions = torch.arange(keys.shape[2])
+    rows = [(i, int(p)) for i, p in enumerate(positions.reshape(-1).tolist()) if p >= 0]
+    seen = {p for _, p in rows}
+    def close(i: int, p: int) -> bool:
+        return bool((keys[:, :, i] - k[:, :, p]).abs().max() <= bound
+                    and (values[:, :, i] - v[:, :, p]).abs().max() <= bound)
+
+    return seen >= set(range(t)) and all(close(i, p) for i, p in rows if p < t)
+
+
 def update_cases():
     for kind, build in CACHE_BUILDERS.items():
 
@@ -676,16 +692,14 @@ def update_cases():
         k3, v3 = kv(3)
         # int8 reads back within scale / 2 (scale: max |x| / 127), every other kind exactly.
         bound = 0.0 if kind != "int8" else max(k3.abs().max(), v3.abs().max()).item() / 127
-        case(
-            "update",
-            f"{kind}.update valid",
-            lambda u=upd, k=k3, v=v3: u(0, k, v),
-            Answer(
-                lambda r, k=k3, v=v3, b=bound: (
-                    (r[0][..., -3:, :] - k).abs().max() <= b and (r[1][..., -3:, :] - v).abs().max() <= b
-                )
-            ),
-        )
+
+        def valid(b=build, k=k3, v=v3):
+            cache = b()
+            keys, values = cache.update(0, k, v)
+            return keys, values, cache.key_positions(0)
+
+        case("update", f"{kind}.update valid", valid,
+             Answer(lambda r, k=k3, v=v3, b=bound: stored_as_given(*r, k, v, b)))
         for layer in (-1, 2, 1.0, True, "0", None):
             case("update", f"{kind}.update(layer={layer!r})", lambda u=upd, x=layer: u(x), refuse("layer"))
         bad_shapes = {

@@ -492,7 +492,7 @@ def write_decks(paths: list[Path], out_dir: Path = DECKS, force: bool = False, g
         return presented
 
     return student.write_copies(paths, out_dir, force, log, transform=make,
-                                remake="python tools/slides.py --decks --force")
+                                remake="make slides FORCE=1")
 
 
 def main(argv: list[str]) -> None:

@@ -44,7 +44,7 @@ def _digest(path: Path) -> str:
 
 
 def write_copies(paths: list[Path], out_dir: Path = OUT_DIR, force: bool = False, log=print,
-                 transform=None, remake: str = "python tools/student.py --force") -> list[Path]:
+                 transform=None, remake: str = "make student FORCE=1") -> list[Path]:
     """Write a student copy of each notebook into out_dir; return the paths written.
 
     A copy already there that this tool did not write, or that was changed since (a learner's
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true",
                         help="replace copies you changed (each is backed up first)")
     args = parser.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a folder: name a folder for the copies")
     write_copies(args.notebooks or sorted(Path("notebooks").glob("*.ipynb")), args.out, args.force)
 
 
