@@ -89,8 +89,9 @@ QUANTIZED_KINDS = ("int8", "int4")
 
 @dataclass(frozen=True)
 class CacheState:
-    """The target's cache at one moment: positions, bytes of storage and, for a paged cache, blocks
-    in use."""
+    """The target's cache at one moment: positions, the bytes its tensors (or views) cover and, for a
+    paged cache, blocks in use. A dynamic cache's crop makes views, so its nbytes falls at once while
+    the storage goes only at the next concatenation."""
 
     seq_len: int
     nbytes: int
@@ -158,8 +159,10 @@ class Speculation:
         return sum(s.accepted for s in self.steps)
 
     @property
-    def acceptance_rate(self) -> float:
-        """Accepted guesses / proposed guesses (NaN when nothing was proposed)."""
+    def accepted_fraction(self) -> float:
+        """Accepted guesses / proposed guesses (NaN when nothing was proposed). Not α: the guesses
+        after a first rejection are proposed but never judged, so this falls as k grows while α
+        stays; α (Leviathan et al.'s acceptance rate) is `per_token_acceptance`."""
         return self.accepted / self.proposed if self.proposed else float("nan")
 
     @property

@@ -437,7 +437,7 @@ def test_command_line_speculative_sweep(tmp_path):
         assert r["model"] == "kvlab-tiny" and r["clock"] == "cpu" and r["speedup_vs_plain"] > 0
         if r["method"] != "plain greedy":
             assert r["tokens_identical"] and r["first_divergence"] is None and r["k"] == 2
-            assert 0 <= r["acceptance_rate"] <= r["per_token_acceptance"] <= 1
+            assert 0 <= r["accepted_fraction"] <= r["per_token_acceptance"] <= 1
             assert r["verify_cost"] > 0 and r["draft_cost"] >= 0
             a, k, c = r["per_token_acceptance"], r["k"], r["draft_cost"]
             assert r["expected_speedup"] == pytest.approx((1 - a ** (k + 1)) / (1 - a) / (k * c + 1)) \

@@ -236,7 +236,7 @@ def test_a_good_drafter_gets_several_tokens_a_pass():
     model, prompt, new = random_model(13), [1, 5, 2], 60
     plain = generate(model, prompt, new).tokens[0].tolist()
     run = speculative_generate(model, prompt, new, NoisyOracle(plain, 1.0, 0), k=5)
-    assert run.acceptance_rate == 1.0 and run.per_token_acceptance == 1.0
+    assert run.accepted_fraction == 1.0 and run.per_token_acceptance == 1.0
     assert run.target_passes == 1 + math.ceil((new - 1) / 6)  # k + 1 tokens a pass, the prefill's one
     bad = speculative_generate(model, prompt, new, NoisyOracle(plain, 0.0, 0), k=5)
     assert bad.accepted == 0 and bad.target_passes == new and bad.tokens_per_step == 1.0
@@ -307,7 +307,8 @@ def test_expected_tokens_per_step_is_the_geometric_sum():
 def test_the_formula_predicts_a_drafter_that_is_right_with_probability_a(a):
     """Guesses right with probability a, independently: the tokens per pass measured over ~100
     passes match (1 - a^(k+1)) / (1 - a) within 4 standard errors, and per_token_acceptance
-    estimates a."""
+    estimates a, while accepted_fraction (accepted / proposed) falls short of it: the guesses after
+    a rejection are proposed but never judged."""
     model, prompt, new, k = random_model(17), [2, 7], 120, 3
     plain = generate(model, prompt, new).tokens[0].tolist()
     run = speculative_generate(model, prompt, new, NoisyOracle(plain, a, seed=1), k=k)
@@ -317,6 +318,7 @@ def test_the_formula_predicts_a_drafter_that_is_right_with_probability_a(a):
     assert abs(mean - expected_tokens_per_step(a, k)) < 4 * se
     judged = run.accepted + len(run.rejections)
     assert abs(run.per_token_acceptance - a) < 4 * (a * (1 - a) / judged) ** 0.5
+    assert run.accepted_fraction == run.accepted / run.proposed < run.per_token_acceptance
 
 
 # --- drafters -------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ SECTIONS = {
     "speculative": ("Speculative vs plain greedy decoding (batch 1, static cache)",
                     ["model", "text", "method", "k", "prompts", "new_tokens", "clock", "tokens_per_s",
                      "median_s", "min_s", "max_s", "speedup_vs_plain", "tokens_identical",
-                     "first_divergence", "acceptance_rate", "per_token_acceptance", "tokens_per_pass",
+                     "first_divergence", "accepted_fraction", "per_token_acceptance", "tokens_per_pass",
                      "draft_cost", "verify_cost", "expected_speedup", "expected_speedup_measured_verify",
                      "repeats"]),
     "scheduler": ("Serving a stream of requests: one at a time, static batches, continuous batching",
@@ -104,11 +104,12 @@ NOTES = {
                   "transformers' median time ÷ this method's; its eager rows run with "
                   "disable_compile=True, its compiled row with transformers' own CompileConfig.",
     "speculative": "One timed call decodes every prompt of its text. speedup_vs_plain: plain greedy "
-                   "decoding's median time ÷ this row's; per_token_acceptance: accepted ÷ (accepted + "
-                   "first rejections), the α of Leviathan et al.; draft_cost: one guess's cost in target "
-                   "decode steps (c); verify_cost: the target's pass over k + 1 tokens in decode steps; "
-                   "expected_speedup: (1 - α^(k+1)) / (1 - α) / (k·c + 1), the paper's formula, and with "
-                   "verify_cost in place of 1.",
+                   "decoding's median time ÷ this row's; accepted_fraction: accepted ÷ proposed guesses "
+                   "(not α: guesses after a rejection are never judged); per_token_acceptance: accepted "
+                   "÷ (accepted + first rejections), the α of Leviathan et al.; draft_cost: one guess's "
+                   "cost in target decode steps (c); verify_cost: the target's pass over k + 1 tokens in "
+                   "decode steps; expected_speedup: (1 - α^(k+1)) / (1 - α) / (k·c + 1), the paper's "
+                   "formula, and with verify_cost in place of 1.",
     "scheduler": "Every request waits at the start; one timed call serves the whole stream "
                  "(kvlab.scheduler). "
                  "tokens_per_s: output tokens ÷ median time; ttft/tpot: medians over the requests on "

@@ -134,7 +134,7 @@ def sweep_speculative(model, label: str, drafters: dict[str, Drafter], prompts: 
                 k=k, speedup_vs_plain=median([b / x for b, x in zip(base, t, strict=True)]),
                 tokens_identical=all(d is None for d in diverged),
                 first_divergence=min((d for d in diverged if d is not None), default=None),
-                acceptance_rate=accepted / proposed if proposed else float("nan"),
+                accepted_fraction=accepted / proposed if proposed else float("nan"),
                 per_token_acceptance=alpha,
                 tokens_per_pass=sum(s.new_tokens for r in runs for s in r.steps) / passes,
                 draft_cost=c, verify_cost=costs["verify"][k],

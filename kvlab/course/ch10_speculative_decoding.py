@@ -270,6 +270,20 @@ def _draw_cache(ax, f: SpecFrame) -> None:
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
+    ax.legend(handles=_cache_legend(), loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=6,
+              fontsize=8, frameon=False, handlelength=1.2, columnspacing=1.2)
+
+
+def _cache_legend() -> list:
+    """The cache rows' colours: not the chips' (there grey is a guess never judged, and only the
+    first rejection is red; here every rejected position is red, grey is the prompt)."""
+    from matplotlib.patches import Patch
+
+    cells = [(PROMPT_FACE, "prompt"), (CACHED_FACE, "tokens of earlier steps"),
+             (NEW_FACE, "the token fed first"), (ACCEPT_FACE, "accepted guesses"),
+             (REJECT_FACE, "rejected positions (cropped)")]
+    return ([Patch(facecolor=face, edgecolor="#555555", lw=0.6, label=label) for face, label in cells]
+            + [Patch(facecolor="white", edgecolor="#999999", ls="--", lw=0.6, label="dropped by the crop")])
 
 
 def speculation_explorer():
@@ -312,6 +326,8 @@ def check_tokens_per_step(answer) -> Verdict:
                         "survives with probability α^i, not α.",
              expected - 1: "that counts the accepted guesses; the pass also adds the target's own token "
                            "(the correction or the bonus).",
+             (1 - a ** k) / (1 - a): "that sums up to α^(k−1) = α³: k guesses plus the target's token make "
+                                     "k + 1 terms, 1 + α + … + α^k.",
              float(k + 1): "that is the best case, every guess right."}
     for value, hint in wrong.items():
         if close(answer, value, 1e-3) and not close(value, expected, 1e-3):
@@ -333,7 +349,7 @@ def check_positions_kept(answer) -> Verdict:
     positions = _int_list(answer)
     if positions is None:
         return report(False, "", f"answer with the positions, a list or range of ints such as "
-                                 f"list(range(5)) (got {shown(answer)}).")
+                                 f"list(range(5)), or a 1-d integer array (got {shown(answer)}).")
     if positions == list(range(keep)):
         return report(True, f"Right: positions 0..{keep - 1} ({keep} of them): the old cache, the fed "
                             f"token and the {KEPT_ACCEPTED} accepted guesses; crop({keep}) forgets the "
@@ -351,12 +367,23 @@ def check_positions_kept(answer) -> Verdict:
 
 
 def _int_list(answer) -> list[int] | None:
-    """answer as a list of ints (a list, tuple or range of whole numbers), else None."""
+    """answer as a list of ints (a list, tuple or range of whole numbers, NumPy or PyTorch integers
+    among them, or a 1-d integer NumPy array or PyTorch tensor), else None."""
+    import numpy as np
+    import torch
+
+    if isinstance(answer, torch.Tensor):
+        d = answer.dtype
+        integer = not (d.is_floating_point or d.is_complex or d == torch.bool)
+        return [int(p) for p in answer.tolist()] if answer.dim() == 1 and integer else None
+    if isinstance(answer, np.ndarray):
+        integer = np.issubdtype(answer.dtype, np.integer)
+        return [int(p) for p in answer.tolist()] if answer.ndim == 1 and integer else None
     if not isinstance(answer, (list, tuple, range)):
         return None
-    if not all(isinstance(p, int) and not isinstance(p, bool) for p in answer):
+    if not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in answer):
         return None
-    return list(answer)
+    return [int(p) for p in answer]
 
 
 class ExerciseKVCache(DynamicKVCache):
@@ -377,10 +404,16 @@ class ExerciseKVCache(DynamicKVCache):
 CROP_SCRIPT = ((12, 12), (5, 14), (5, 16), (5, 21), (3, 22), (5, 23))
 
 
+SLICE_ADVICE = ("slice dim 2, the positions, of every layer's keys and values to their first n "
+                "(cache.keys[layer] = cache.keys[layer][:, :, :n], the same for cache.values) and set "
+                "cache.lengths = [n] * len(cache.keys)")
+
+
 def check_crop(answer) -> Verdict:
     """Exercise 3: `answer(cache, n)` keeps the first n positions of an ExerciseKVCache. Checked with
     kvlab.oracle on kvlab-tiny through speculative-decoding-like passes and crops: after each crop
-    the cache must hold exactly what feeding only the kept tokens would have put there."""
+    the cache's tensors must hold n positions each (the usual mistakes named), and the next pass must
+    see exactly what feeding only the kept tokens would have put there."""
     import torch
 
     from .. import oracle
@@ -391,22 +424,69 @@ def check_crop(answer) -> Verdict:
         return report(False, "", f"answer = your crop function itself, not its result (got {shown(answer)}).")
     model = load("kvlab-tiny")
     ids = torch.tensor([encode_bytes("Speculation guesses, the target checks, the cache rolls back.")])
-    check = oracle.Oracle(model, ExerciseKVCache(model.config, answer))
-    fed = 0
-    try:
-        for feed, keep in CROP_SCRIPT:
-            start = check.tokens.shape[1]
-            check.feed(ids[:, start:start + feed])
-            fed = start + feed
+    cache = ExerciseKVCache(model.config, answer)
+    check = oracle.Oracle(model, cache)
+    for feed, keep in CROP_SCRIPT:
+        start = check.tokens.shape[1]
+        fed = start + feed
+        try:
+            check.feed(ids[:, start:fed])
+        except Exception as err:  # noqa: BLE001 - a learner's bug is a hint, never a traceback
+            return report(False, "", f"the pass after your crop failed ({type(err).__name__}: {err}); "
+                                     f"{SLICE_ADVICE}.")
+        try:
             check.crop(keep)
-            if check.report.first is not None:
-                break
-    except Exception as err:  # noqa: BLE001 - a learner's bug is a hint, never a traceback
-        return report(False, "", f"your crop raised {type(err).__name__}: {err} (after {fed} positions "
-                                 "were fed).")
-    first = check.report.first
-    if first is None:
-        return report(True, f"Right: the oracle agrees after every crop ({check.report.passes} passes: "
-                            "prefill, verify passes, crops).", "")
-    return report(False, "", f"after feeding {fed} positions and cropping: {first}. Slice every layer's "
-                             "keys and values to their first n positions (dim 2) and set lengths.")
+        except Exception as err:  # noqa: BLE001
+            return report(False, "", f"crop({keep}) raised {type(err).__name__}: {err} (after {fed} "
+                                     f"positions were fed); {SLICE_ADVICE}.")
+        mistake = _crop_mistake(cache, keep, fed)
+        if mistake:
+            return report(False, "", mistake)
+        if check.report.first is not None:
+            return report(False, "", f"after feeding {fed} positions and cropping to {keep}: "
+                                     f"{check.report.first}. Keep the *first* n positions: {SLICE_ADVICE}.")
+    return report(True, f"Right: the oracle agrees after every crop ({check.report.passes} passes: "
+                        "prefill, verify passes, crops).", "")
+
+
+def _crop_mistake(cache: ExerciseKVCache, n: int, held: int) -> str | None:
+    """The usual mistakes of a crop from `held` to n positions, named from the cache's shapes and
+    lengths; None when every layer's keys and values hold n positions and lengths says n."""
+    import torch
+
+    layers, cfg = len(cache.keys), cache.config
+    tensors = {side: getattr(cache, side) for side in ("keys", "values")}
+    for side, ts in tensors.items():
+        for layer, t in enumerate(ts):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                return (f"after crop({n}), cache.{side}[{layer}] is {shown(t)}, not a 4-d tensor: "
+                        f"{SLICE_ADVICE}.")
+            if (t.shape[0], t.shape[1], t.shape[3]) != (1, cfg.n_kv_heads, cfg.head_dim):
+                return (f"after crop({n}), cache.{side}[{layer}] has shape {tuple(t.shape)}: another axis "
+                        "than the positions was sliced (the shape is (batch, kv_heads, positions, "
+                        f"head_dim)); {SLICE_ADVICE}.")
+    counts = {side: [t.shape[2] for t in ts] for side, ts in tensors.items()}
+    lengths_right = list(cache.lengths) == [n] * layers
+    if counts["keys"] == counts["values"] == [n] * layers:
+        if lengths_right:
+            return None
+        return (f"the tensors hold {n} positions, but cache.lengths is {list(cache.lengths)}: set "
+                "cache.lengths = [n] * len(cache.keys).")
+    if all(c == held for side in counts for c in counts[side]):
+        if lengths_right:
+            return (f"crop({n}) set cache.lengths to {n}, but cache.keys[0] still holds {held} positions: "
+                    "rolling back is not just shortening a length (the rejected rows stay, and the next "
+                    "pass appends after them). Slice the positions, dim 2, of every layer's keys and "
+                    "values ([:, :n] slices dim 1, the heads): cache.keys[layer] = "
+                    "cache.keys[layer][:, :, :n], the same for cache.values.")
+        return (f"crop({n}) left the cache as it was (cache.keys[0] still holds {held} positions): change "
+                f"the cache in place, nothing returned is used; {SLICE_ADVICE}.")
+    side, layer = next((side, i) for side in counts for i, c in enumerate(counts[side]) if c != n)
+    m = counts[side][layer]
+    if side == "values" and counts["keys"] == [n] * layers:
+        return (f"the keys hold {n} positions, but cache.values[{layer}] still holds {m}: slice the "
+                "values too (cache.values[layer][:, :, :n]).")
+    if layer > 0 and counts[side][0] == n:
+        return (f"cache.{side}[0] holds {n} positions, but cache.{side}[{layer}] still holds {m}: crop "
+                "every layer (for layer in range(len(cache.keys)): ...[:, :, :n]).")
+    return f"after crop({n}), cache.{side}[{layer}] holds {m} positions, not {n}: {SLICE_ADVICE}."

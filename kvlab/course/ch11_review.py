@@ -145,9 +145,16 @@ def check_speculative_speedup(answer) -> Verdict:
 
     a, k, c = SPEC_ALPHA, SPEC_K, SPEC_COST
     tokens = expected_tokens_per_step(a, k)
-    if close(answer, tokens, 1e-3):
-        return report(False, "", "that is the tokens a step yields; a step also costs more than one "
-                                 "target step: divide by k·c + 1.")
+    wrong = {tokens: "that is the tokens a step yields; a step also costs more than one target step: "
+                     "divide by k·c + 1.",
+             expected_tokens_per_step(a, k - 1) / (k * c + 1):
+                 "your sum stops at α^(k−1) = α²: k guesses plus the target's token make k + 1 terms, "
+                 "1 + α + … + α^k.",
+             tokens / (c + 1): "a step runs k draft passes: they cost k·c, not c.",
+             tokens / (k * c): "add the verify pass: a step costs k·c + 1 target steps."}
+    for value, hint in wrong.items():
+        if close(answer, value, 1e-3):
+            return report(False, "", hint)
     return numeric(answer, expected_speedup(a, k, c), 1e-3,
                    f"Right: E = (1 − 0.7⁴)/(1 − 0.7) = {tokens:.3f} tokens a step, over a step's cost "
                    f"3 × 0.1 + 1 = 1.3 target steps.",

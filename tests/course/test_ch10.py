@@ -10,6 +10,7 @@ import pytest
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from answers import WRONG_VALUES, hint_test, verdict_test  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -118,7 +119,8 @@ def test_figures_draw_what_they_are_given():
 def test_tokens_per_step_right_and_wrong(capsys):
     assert ch10.check_tokens_per_step(expected_tokens_per_step(0.8, 4))
     assert ch10.check_tokens_per_step("3.3616")
-    for wrong, hint in ((4.2, "α^i"), (2.3616, "target's own token"), (5, "best case"), (3.0, "add up")):
+    for wrong, hint in ((4.2, "α^i"), (2.3616, "target's own token"), (5, "best case"), (3.0, "add up"),
+                        (1 + 0.8 + 0.8**2 + 0.8**3, "k + 1 terms")):
         assert not ch10.check_tokens_per_step(wrong)
         assert hint in capsys.readouterr().out
 
@@ -129,9 +131,15 @@ def test_positions_kept_right_and_wrong(capsys):
     assert ch10.check_positions_kept(list(range(23)))
     assert ch10.check_positions_kept(range(23))
     assert ch10.check_positions_kept(tuple(range(23)))
+    assert ch10.check_positions_kept(np.arange(23))                    # NumPy, as the other checkers take
+    assert ch10.check_positions_kept([np.int64(p) for p in range(23)])
+    assert ch10.check_positions_kept(torch.arange(23))
     for wrong, hint in ((range(25), "keeps the rejected"), (range(24), "third guess"),
                         (range(22), "position 20"), (range(20), "accepted guesses stay"),
-                        ([0, 1, 5], "a prefix"), (23, "list or range"), ([0.0, 1.0], "list or range")):
+                        ([0, 1, 5], "a prefix"), (23, "list or range"), ([0.0, 1.0], "list or range"),
+                        (np.arange(23.0), "integer array"), (np.arange(25), "keeps the rejected"),
+                        (np.arange(23).reshape(1, 23), "integer array"), (torch.ones(23, dtype=torch.bool),
+                                                                          "integer array")):
         assert not ch10.check_positions_kept(wrong)
         assert hint in capsys.readouterr().out
 
@@ -172,6 +180,27 @@ def first_layer_only(cache, n):
     cache.lengths = [n] * len(cache.keys)
 
 
+def head_dim_sliced(cache, n):
+    for layer in range(len(cache.keys)):
+        cache.keys[layer] = cache.keys[layer][..., :n]
+        cache.values[layer] = cache.values[layer][..., :n]
+    cache.lengths = [n] * len(cache.keys)
+
+
+def new_lists(cache, n):
+    return [k[:, :, :n] for k in cache.keys], [v[:, :, :n] for v in cache.values]
+
+
+def no_lengths(cache, n):
+    for layer in range(len(cache.keys)):
+        cache.keys[layer] = cache.keys[layer][:, :, :n]
+        cache.values[layer] = cache.values[layer][:, :, :n]
+
+
+def raises(cache, n):
+    raise IndexError("my bug")
+
+
 def stale_rows(cache, n):
     """Keeps the right number of rows, but the wrong ones (the newest instead of the first)."""
     for layer in range(len(cache.keys)):
@@ -184,11 +213,28 @@ def test_the_right_crop_passes_the_oracle():
     assert ch10.check_crop(right_crop)
 
 
-@pytest.mark.parametrize("crop", [lambda c, n: None, keys_only, wrong_axis, off_by_one, lengths_only,
-                                  first_layer_only, stale_rows], ids=lambda f: f.__name__)
-def test_a_wrong_crop_gets_a_hint(crop, capsys):
+# Each usual mistake, and the words of the hint that names it (never a raw error without advice).
+CROP_MISTAKES = [
+    (lengths_only, "not just shortening a length"),
+    (wrong_axis, "[:, :n] slices dim 1, the heads"),   # kvlab-tiny has 4 KV heads: [:, :n] changes nothing
+    (keys_only, "slice the values too"),
+    (first_layer_only, "crop every layer"),
+    (head_dim_sliced, "another axis than the positions"),
+    (new_lists, "change the cache in place"),
+    (lambda c, n: None, "left the cache as it was"),
+    (no_lengths, "set cache.lengths"),
+    (off_by_one, "set cache.lengths"),
+    (stale_rows, "Keep the *first* n positions"),
+    (raises, "raised IndexError: my bug"),
+]
+
+
+@pytest.mark.parametrize(("crop", "hint"), CROP_MISTAKES, ids=[f.__name__ for f, _ in CROP_MISTAKES])
+def test_a_wrong_crop_gets_a_hint_that_names_the_mistake(crop, hint, capsys):
     assert not ch10.check_crop(crop)
-    assert "✗ Not yet. Hint:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("✗ Not yet. Hint:") and hint in out
+    assert "[:, :, :n]" in out or "Keep the *first*" in out or "cache.lengths = [n]" in out
 
 
 def test_the_exercise_cache_calls_the_learners_crop():

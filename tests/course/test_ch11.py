@@ -141,6 +141,12 @@ def test_the_tpot_question_names_counting_the_first_token(capsys):
         assert "leaves out the first token" in capsys.readouterr().out
 
 
-def test_the_speedup_question_names_forgetting_the_step_cost(capsys):
-    assert not ch11.check_speculative_speedup(1 + 0.7 + 0.49 + 0.343)
-    assert "divide by k·c + 1" in capsys.readouterr().out
+@pytest.mark.parametrize(("wrong", "hint"), [
+    (1 + 0.7 + 0.49 + 0.343, "divide by k·c + 1"),              # the tokens a step, not the speed-up
+    ((1 + 0.7 + 0.49) / 1.3, "k + 1 terms"),                   # the sum stopped at α^(k-1): 1.685
+    ((1 + 0.7 + 0.49 + 0.343) / 1.1, "cost k·c, not c"),       # one draft pass: 2.303
+    ((1 + 0.7 + 0.49 + 0.343) / 0.3, "add the verify pass"),   # no verify pass: 8.44
+])
+def test_the_speedup_question_names_the_usual_mistakes(wrong, hint, capsys):
+    assert not ch11.check_speculative_speedup(wrong)
+    assert hint in capsys.readouterr().out
