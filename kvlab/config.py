@@ -143,10 +143,12 @@ PRESETS: dict[str, ModelConfig] = {
                 d_model=576, n_heads=9, n_kv_heads=3, d_ff=1536, vocab_size=49152,
                 max_seq_len=8192, rope_theta=100000.0, tie_embeddings=True),
         # DeepSeek-V2 (MLA): one latent of kv_lora_rank 512 + RoPE key 64 = 576 elements per token
-        # per layer; 236 B parameters in all (a mixture of experts), 21 B active per token.
+        # per layer; 236 B parameters in all (a mixture of experts), 21 B active per token. Its
+        # config declares max_position_embeddings 163,840 (YaRN factor 40 × 4,096; the report's
+        # section 3.1.4 "target maximum context length 160K"); it was trained to 32K, evaluated at 128K.
         _preset("deepseek-v2", "https://arxiv.org/abs/2405.04434 (Table 1); "
                 + _HF.format("deepseek-ai/DeepSeek-V2"), n_layers=60, d_model=5120, n_heads=128,
-                n_kv_heads=128, head_dim=128, d_ff=12288, vocab_size=102400, max_seq_len=131072,
+                n_kv_heads=128, head_dim=128, d_ff=12288, vocab_size=102400, max_seq_len=163840,
                 n_params=236_000_000_000, kv_latent_dim=576),
         # Teaching configs: small enough to run every notebook on two CPU cores.
         _preset("tiny-mha", "kvlab teaching config", n_layers=2, d_model=64, n_heads=4,

@@ -57,9 +57,15 @@ MEMORY_DTYPES = ["fp32", "fp16", "bf16", "fp8", "int8"]
 MEMORY_SEQ_LENS = [2**k for k in range(7, 21)]     # 128 … 1,048,576 tokens, log-spaced
 MEMORY_BATCH_SIZES = [2**k for k in range(0, 11)]  # 1 … 1,024 sequences
 # PRESETS keep each config's declared context (max_position_embeddings); these models were trained
-# on shorter sequences: Mistral 7B's paper, Table 1 (context_len 8192, sliding window 4096), and
-# Qwen2.5 (pre-trained to 32,768 tokens; its model cards reach 131,072 with YaRN rope scaling).
-TRAINED_CONTEXT = {"mistral-7b": 8192, "qwen2.5-7b": 32768, "qwen2.5-72b": 32768}
+# on shorter sequences: Mistral 7B's paper, Table 1 (context_len 8192, sliding window 4096);
+# Qwen2.5 (pre-trained to 32,768 tokens; its model cards reach 131,072 with YaRN rope scaling); and
+# DeepSeek-V2 (report, section 3.1.4: pre-trained at 4K, its YaRN extension trained at 32K for 1,000
+# steps, evaluated at 128K; its config declares 163,840 = 40 × 4,096 positions).
+TRAINED_CONTEXT = {"mistral-7b": 8192, "qwen2.5-7b": 32768, "qwen2.5-72b": 32768,
+                   "deepseek-v2": 32768}
+# Sliding-window attention: these models attend to the last W tokens only, so a rolling cache never
+# holds more than W tokens a sequence (Mistral-7B v0.1's config.json: "sliding_window": 4096).
+WINDOWED = {"mistral-7b": 4096}
 
 
 def trained_context(config) -> int:
@@ -131,15 +137,18 @@ def plot_memory(model: str = "llama-2-7b", seq_len: int = 4096, batch_size: int 
         ax.set_axis_off()
         return fig, f"✗ custom shape not valid: {err}"
 
-    p = memory.plan(config, g, seq_len, batch_size, dtype=dtype, weight_dtype=WEIGHT_DTYPE)
-    fmt = memory.format_bytes
     custom = model == "custom"
+    window = None if custom else WINDOWED.get(config.name)
+    cached = min(seq_len, window) if window else seq_len   # a rolling cache stops at the window
+    p = memory.plan(config, g, cached, batch_size, dtype=dtype, weight_dtype=WEIGHT_DTYPE)
+    fmt = memory.format_bytes
     weights = 0 if custom else p.weight_bytes
     per_token = memory.kv_bytes_per_token(config, dtype)
     label = "custom" if custom else f"{config.name} ({config.attention_kind})"
+    rolling = f" (rolling: the last {cached:,})" if window and seq_len > window else ""
     lines = [
         f"{label}: {_shape_text(config)} = {fmt(per_token)} per token in {dtype}",
-        f"KV cache for {seq_len:,} tokens × batch {batch_size}: {fmt(p.cache_bytes)} · weights "
+        f"KV cache for {seq_len:,} tokens{rolling} × batch {batch_size}: {fmt(p.cache_bytes)} · weights "
         + ("not counted (custom shape)" if custom else f"({WEIGHT_DTYPE}): {fmt(weights)}")
         + f" · {g.name}: {fmt(g.memory_bytes)}",
     ]
@@ -157,36 +166,60 @@ def plot_memory(model: str = "llama-2-7b", seq_len: int = 4096, batch_size: int 
         note = f"Does not fit: needs {fmt(total + ctx)}"
         lines.append(f"✗ Does not fit: needs {fmt(total + ctx)} with the {ctx / memory.GiB:.2f} GiB "
                      f"CUDA context, {fmt(total - usable)} more than {g.name} holds.")
-    trained = "" if custom else f" (the model was trained for up to {trained_context(config):,})"
-    lines.append(f"Longest context that fits at batch {batch_size}: "
-                 + (f"{p.max_context:,} tokens{trained}." if p.max_context else "none."))
+    trained_for = None if custom else trained_context(config)
+    trained = "" if custom else f" (the model was trained for up to {trained_for:,})"
+    # With a window, a cache that fits at the window's length fits at every length.
+    unbounded = window is not None and memory.plan(config, g, window, batch_size, dtype=dtype,
+                                                   weight_dtype=WEIGHT_DTYPE).fits
+    longest = (f"any length: the rolling cache stops growing at {window:,} tokens{trained}." if unbounded
+               else f"{p.max_context:,} tokens{trained}." if p.max_context else "none.")
+    lines.append(f"Longest context that fits at batch {batch_size}: {longest}")
     lines.append(f"Most concurrent sequences of {seq_len:,} tokens that fit: "
                  + (f"{p.max_batch:,}." if p.max_batch else "none."))
 
-    # The cache grows linearly in tokens: a straight line of slope 1 on log–log axes.
+    # The cache grows linearly in tokens: a straight line of slope 1 on log–log axes (until a
+    # window caps it; the window's length is a grid point, so the bend is drawn where it is).
     seq_lens = np.geomspace(MEMORY_SEQ_LENS[0], MEMORY_SEQ_LENS[-1], 400)
-    cache = seq_lens * batch_size * per_token
-    trained_for = None if custom else trained_context(config)
+    if window:
+        seq_lens = np.union1d(seq_lens, [window])
+        lines.append(_window_line(config, window, seq_len, batch_size, dtype))
+    full = seq_lens * batch_size * per_token
+    cache = np.minimum(seq_lens, window) * batch_size * per_token if window else full
     if trained_for and seq_len > trained_for:
         lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained_for:,} {config.name} was trained for "
                      "(shaded): the memory is real, the model's quality there is not.")
     fig = plot_memory_vs_seq_len(
-        seq_lens, weights, cache, usable, f"{g.name} less the\nCUDA context", seq_len, p.max_context,
+        seq_lens, weights, cache, usable, f"{g.name} less the\nCUDA context", seq_len,
+        0 if unbounded else p.max_context,
         title=f"{label}, batch {batch_size}, {dtype} cache on {g.name}",
-        cache_label=f"KV cache ({dtype}, batch {batch_size})",
+        cache_label=f"KV cache ({dtype}, batch {batch_size})"
+        + (f",\nrolling {window:,}-token window" if window else ""),
         weight_label="weights: not counted" if custom else f"weights ({WEIGHT_DTYPE})", note=note,
-        trained_context=trained_for)
+        trained_context=trained_for, full_cache_bytes=full if window else None)
     return fig, "\n".join(lines)
+
+
+def _window_line(config, window: int, seq_len: int, batch_size: int, dtype: str) -> str:
+    """The readout's note on a sliding window: what a rolling cache holds, and full attention."""
+    at_most = format_bytes(memory.kv_cache_bytes(config, window, batch_size, dtype))
+    full = format_bytes(memory.kv_cache_bytes(config, seq_len, batch_size, dtype))
+    return (f"† {config.name} attends within a {window:,}-token sliding window: a rolling cache holds "
+            f"at most {at_most} (the last {window:,} tokens of each sequence) at any length; "
+            + (f"full attention would need {full} at {seq_len:,} tokens (dotted)." if seq_len > window
+               else f"beyond {window:,} tokens full attention would keep growing (dotted)."))
 
 
 def plot_memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_bytes: int,
                            capacity_label: str, current_seq_len: int, max_context: int = 0,
                            title: str = "", cache_label: str = "KV cache", weight_label: str = "weights",
-                           note: str = "", trained_context: int | None = None):
+                           note: str = "", trained_context: int | None = None,
+                           full_cache_bytes=None):
     """Memory against sequence length on log–log axes: the weights (flat), the KV cache (a straight
     line of slope 1: linear growth), their sum, the GPU's capacity, the current setting and the
     longest context that fits. Lengths beyond `trained_context` (the model's published context) are
-    shaded: the memory there is real arithmetic, but the model was not trained for it.
+    shaded: the memory there is real arithmetic, but the model was not trained for it. A model with
+    a sliding window passes its capped cache as `cache_bytes` and the full-attention cache as
+    `full_cache_bytes`, drawn dotted for comparison.
 
     Both axes are logarithmic so that linear growth looks linear (a straight line) at every scale.
     `note` (e.g. "the weights alone do not fit") is written across the plot.
@@ -205,6 +238,9 @@ def plot_memory_vs_seq_len(seq_lens, weight_bytes: int, cache_bytes, capacity_by
     if wt > 2:   # a custom shape counts no weights
         ax.plot(s, np.full_like(s, wt), color=WEIGHT_COLOR, lw=1.6, label=weight_label)
     ax.plot(s, cache, color=CACHE_COLOR, lw=1.6, label=cache_label)
+    if full_cache_bytes is not None:
+        ax.plot(s, np.asarray(full_cache_bytes, dtype=float), color=CACHE_COLOR, lw=1.2, ls=":",
+                label="KV cache with full\nattention (no window)")
     ax.plot(s, total, color="black", lw=2.4, label="weights + cache" if wt > 2 else "total")
     ax.axhline(cap, color=GPU_COLOR, ls="--", lw=1.5, label=f"{capacity_label}: {format_bytes(cap)}")
     if s[0] <= max_context <= s[-1]:
@@ -293,8 +329,9 @@ def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
     """The KV cache of `model` for `batch_size` sequences of `seq_len` tokens, in GiB.
 
     Recognises the usual slips and says which: K without V, query heads instead of KV heads,
-    4-byte (fp32) elements, the batch forgotten, decimal GB instead of GiB (also rounded to a whole
-    number), MiB or bytes instead of GiB.
+    4-byte (fp32) elements, the batch forgotten; decimal GB instead of GiB (also rounded to a whole
+    number), MiB, decimal MB or bytes instead of GiB; and any two of them at once (one of the first
+    four in one of the wrong units).
     """
     from ..memory import DTYPE_BITS, GB, GiB, MiB, kv_cache_bytes
 
@@ -304,27 +341,43 @@ def check_cache_size(answer, model: str = CACHE_SIZE_EXERCISE["model"],
     if value is None:
         return report(False, "", f"answer with a number of GiB (got {shown(answer)}): 2 (K and V) × "
                       "layers × KV heads × head_dim × tokens × batch × bytes per element ÷ 1024**3.")
-    element = DTYPE_BITS[dtype] / 8  # bytes
-    slips = [
-        (expected / GiB / 2, "that is half the answer: K alone. The cache holds K and V, a factor 2."),
-        (expected / GiB * config.n_rep, f"{model} has {config.n_kv_heads} KV heads (shared by "
-         f"{config.n_heads} query heads): use n_kv_heads, not n_heads."),
-        (expected / GiB * 4 / element, f"that counts 4 bytes an element (fp32); the cache is {dtype}: "
-         f"{element:g} bytes an element."),
-        (expected / GiB / batch_size, f"that is the cache of one sequence: multiply by the batch "
-         f"({batch_size} sequences, each with its own keys and values)."),
-        (expected / GB, "that is decimal GB (10**9 bytes); the question asks for GiB (1024**3)."),
-        (expected / MiB, "that is in MiB (1024**2 bytes): divide by 1024 once more for GiB."),
-        (expected, "that looks like bytes: the question asks for GiB (divide by 1024**3)."),
-    ]
-    if value == round(expected / GB) != round(expected / GiB):
-        return report(False, "", f"{value:g} is the decimal figure, {expected / GB:.2f} GB (10**9 bytes), "
-                      "rounded; the question asks for GiB (1024**3 bytes): divide the bytes by 1024**3.")
     if close(value, expected / GiB, 1e-3):
         return report(True, f"Right: {expected:,} bytes = {expected / GiB:g} GiB.", "")
-    for wrong, hint in slips:
-        if wrong != expected / GiB and close(value, wrong, 1e-3):
-            return report(False, "", hint)
+    element = DTYPE_BITS[dtype] / 8  # bytes
+    counted = [  # (the bytes a slip counts, ÷ the right bytes; what it got wrong), the right count first
+        (1, ""),
+        (1 / 2, "that is half the answer: K alone. The cache holds K and V, a factor 2."),
+        (config.n_rep, f"{model} has {config.n_kv_heads} KV heads (shared by {config.n_heads} query "
+         "heads): use n_kv_heads, not n_heads."),
+        (4 / element, f"that counts 4 bytes an element (fp32); the cache is {dtype}: {element:g} bytes an "
+         "element."),
+        (1 / batch_size, f"that is the cache of one sequence: multiply by the batch ({batch_size} "
+         "sequences, each with its own keys and values)."),
+    ]
+    units = [  # (the unit a slip divides by; what it got wrong), the right unit first
+        (GiB, ""),
+        (GB, "that is decimal GB (10**9 bytes); the question asks for GiB (1024**3)."),
+        (MiB, "that is in MiB (1024**2 bytes): divide by 1024 once more for GiB."),
+        (10**6, "that is decimal MB (10**6 bytes); the question asks for GiB (1024**3)."),
+        (1, "that looks like bytes: the question asks for GiB (divide by 1024**3)."),
+    ]
+    for factor, what in counted:       # one slip, then two at once
+        for unit, which in units:
+            wrong = expected * factor / unit
+            if (what or which) and wrong != expected / GiB and close(value, wrong, 1e-3):
+                return report(False, "", _slips(what, which))
+    for factor, what in counted:       # GB rounded to a whole number ("15" for 15.03 GB)
+        in_gb = expected * factor / GB
+        if value == round(in_gb) != round(expected * factor / GiB):
+            return report(False, "", _slips(what, f"{value:g} is the decimal figure, {in_gb:.2f} GB "
+                                     "(10**9 bytes), rounded; the question asks for GiB (1024**3 bytes): "
+                                     "divide the bytes by 1024**3."))
     return report(False, "", f"2 (K and V) × layers × KV heads × head_dim × {seq_len:,} tokens × "
                   f"batch {batch_size} × bytes per {dtype} element, then ÷ 1024**3. Read the shape "
                   f"from kvlab.PRESETS[{model!r}].")
+
+
+def _slips(*hints: str) -> str:
+    """One hint, or two slips named together."""
+    named = [h for h in hints if h]
+    return named[0] if len(named) == 1 else "two slips at once: " + " And ".join(named)

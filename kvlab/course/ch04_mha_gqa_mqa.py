@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 from .. import gqa, memory, validate
 from ..config import PRESETS, PUBLISHED, ModelConfig, divisors
 from ..memory import GiB, format_bytes
+from .ch03_cache_memory import WINDOWED, trained_context
 from .style import (
     Verdict,
     as_number,
@@ -85,16 +86,15 @@ def plot_kv_cache_bars(rows, title: str = ""):
     ax.barh(y, mha, 0.7, color="#DDDDDD", edgecolor="#999999", hatch="//", label="same shape with MHA")
     for yi, a, m, row in zip(y, actual, mha, rows, strict=True):
         ax.barh(yi, a, 0.7, color=ATTENTION_COLORS.get(row[3], "#777777"))
-        if m > a:
-            ax.text(m, yi, f" {m:,.3g} GiB with MHA", va="center", fontsize=8, color="#666666")
-        ax.text(a + mha.max() * 0.01, yi, f"{a:,.3g} GiB ({row[3]}, {m / a:.3g}× smaller)" if m > a
-                else f"{a:,.3g} GiB", va="center", fontsize=8, fontweight="bold",
-                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
+        # One label a row, right of the longer bar, so it never covers the other bar's size.
+        text = (f"{a:,.3g} GiB ({row[3]}; MHA: {m:,.3g} GiB, {m / a:.3g}× smaller)" if m > a
+                else f"{a:,.3g} GiB ({row[3]})")
+        ax.text(max(a, m) + mha.max() * 0.01, yi, text, va="center", fontsize=8)
     for kind, color in ATTENTION_COLORS.items():
         if any(r[3] == kind for r in rows):
             ax.barh([np.nan], [0], color=color, label=f"{kind} as published")
     ax.set_yticks(y, labels, fontsize=9)
-    ax.set_xlim(0, mha.max() * 1.3)
+    ax.set_xlim(0, mha.max() * 1.6)
     ax.set_xlabel("KV cache (GiB)")
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper right", fontsize=8)
@@ -219,6 +219,7 @@ def plot_gqa(model: str = "llama-2-70b", n_kv_heads: int | None = None, seq_len:
                              f"{cfg.head_dim})")
         if as_published:
             lines.append(_published_line(model) + published_note)
+            lines += _context_notes(model, seq_len, dtype, batch_size)
     if message:
         lines.append(f"✗ {message}")
     title = f"{name}: KV cache ({dtype}, batch {batch_size})"
@@ -243,6 +244,21 @@ def _with_published(model: str, configs: dict) -> tuple[dict, str]:
     configs = {**configs, label: next(iter(configs.values())).with_(n_kv_heads=p.n_kv_heads)}
     order = sorted(configs, key=lambda k: (configs[k].kv_latent_dim is not None, -configs[k].n_kv_heads))
     return {k: configs[k] for k in order}, " (drawn dashed, marked \"published\"; your choice is a what-if)"
+
+
+def _context_notes(model: str, seq_len: int, dtype: str, batch_size: int) -> list[str]:
+    """What the sizes above leave out for this preset: a sliding window that caps its cache, and
+    a length beyond the context it was trained for (chapter 03's TRAINED_CONTEXT)."""
+    p, notes = PRESETS[model], []
+    window = WINDOWED.get(model)
+    if window:
+        capped = format_bytes(memory.kv_cache_bytes(p, window, batch_size, dtype))
+        notes.append(f"† {model} attends within a {window:,}-token sliding window: a rolling cache holds "
+                     f"at most {capped} at any length; the sizes above are full attention.")
+    if seq_len > trained_context(p):
+        notes.append(f"⚠ {seq_len:,} tokens is beyond the {trained_context(p):,} {model} was trained "
+                     "for: the memory is real, the model's quality there is not.")
+    return notes
 
 
 def _published_line(model: str) -> str:
@@ -400,30 +416,51 @@ def check_kv_heads_for_budget(answer) -> Verdict:
     """The most KV heads (a divisor of the query heads) whose cache fits the budget.
 
     The exercise: a model of Llama-3-8B's shape (32 layers, 32 query heads, head_dim 128) serves
-    4 sequences of 32,768 tokens with an fp16 cache, and the cache may use at most 16 GiB.
+    4 sequences of 32,768 tokens with an fp16 cache, and the cache may use at most 16 GiB. Recognises
+    the usual slips and says which: 4-byte (fp32) elements, the batch forgotten, K without V, and
+    the budget read as decimal GB.
     """
     ex = KV_BUDGET_EXERCISE
     base = PRESETS[ex["model"]]
+    batch, budget = ex["batch_size"], ex["budget_gib"]
 
     def size(k: int) -> int:
-        return memory.kv_cache_bytes(base.with_(n_kv_heads=k), ex["seq_len"], ex["batch_size"], ex["dtype"])
+        return memory.kv_cache_bytes(base.with_(n_kv_heads=k), ex["seq_len"], batch, ex["dtype"])
 
     allowed = divisors(base.n_heads)
-    fitting = [k for k in allowed if size(k) <= ex["budget_gib"] * GiB]
-    expected = max(fitting)
+
+    def most(per_head: float, budget_bytes: float = budget * GiB) -> int:
+        """The largest allowed KV-head count whose cache fits (0: none)."""
+        return max((k for k in allowed if k * per_head <= budget_bytes), default=0)
+
+    expected = most(size(1))
     value = as_number(answer)
     if value is None or value != int(value):  # as_number is finite, so int() cannot fail
         return report(False, "", f"answer with a whole number of KV heads (got {shown(answer)}). One KV "
                       f"head costs 2 × layers × head_dim × tokens × batch × 2 bytes.")
     k = int(value)
     if k not in allowed:
-        return report(False, "", f"{k} KV heads cannot be shared evenly by {base.n_heads} query "
-                      f"heads; allowed: {allowed}.")
+        return report(False, "", f"the KV heads are a whole number ≥ 1 that divides the {base.n_heads} "
+                      f"query heads, so each group has the same size; {k} does not. Allowed: {allowed}.")
+    # What each usual slip leads to: (its answer, the slip, the correction).
+    slips = [
+        (most(size(1) * 2), "4-byte (fp32) elements", "the cache is fp16, 2 bytes an element"),
+        (most(size(1) / batch), "forgetting the batch",
+         f"each of the {batch} sequences caches its own K and V"),
+        (most(size(1) / 2), "counting K only", "the cache holds K and V, a factor 2"),
+        (most(size(1), budget * 10**9), f"reading the budget as {budget} GB ({budget} × 10⁹ bytes)",
+         f"the budget is {budget} GiB, {budget} × 1024³ bytes"),
+    ]
+    named = [(what, fix) for wrong, what, fix in slips if k == wrong != expected]
+    slip = (f"{k} is what {' or '.join(w for w, _ in named)} gives: {'; '.join(f for _, f in named)}. "
+            if named else "")
+    heads = f"{k} KV heads" if k > 1 else "1 KV head"
     if k > expected:
-        return report(False, "", f"{k} KV heads need {size(k) / GiB:g} GiB: over the "
-                      f"{ex['budget_gib']} GiB budget.")
+        return report(False, "", f"{slip}{heads} need {size(k) / GiB:g} GiB: over the {budget} GiB "
+                      "budget.")
     if k < expected:
-        return report(False, "", f"{k} KV heads fit ({size(k) / GiB:g} GiB), but a larger divisor "
+        fit = "fit" if k > 1 else "fits"
+        return report(False, "", f"{slip}{heads} {fit} ({size(k) / GiB:g} GiB), but a larger divisor "
                       "fits too, and more KV heads usually mean better quality.")
     return report(True, f"Right: {k} KV heads take {size(k) / GiB:g} GiB, {base.n_heads // k}× "
                   f"less than MHA's {size(base.n_heads) / GiB:g} GiB — Llama-3-8B's own choice.", "")

@@ -145,13 +145,57 @@ def test_the_cache_is_a_straight_line_of_slope_one_on_the_log_log_plot():
 
 
 @pytest.mark.parametrize("model, trained", [("mistral-7b", 8192), ("qwen2.5-7b", 32768),
-                                            ("llama-2-7b", 4096)])
+                                            ("deepseek-v2", 32768), ("llama-2-7b", 4096)])
 def test_the_explorer_warns_beyond_the_trained_not_the_declared_context(model, trained):
-    # Mistral-7B's and Qwen2.5's configs declare more positions than the models were trained on
+    # Mistral-7B's, Qwen2.5's and DeepSeek-V2's configs declare more positions than the models were
+    # trained on
     assert ch03.trained_context(PRESETS[model]) == trained <= PRESETS[model].max_seq_len
     _, text = plot_memory(model, 2 * trained, 1, "fp16", "H200 141GB")
     assert f"beyond the {trained:,} {model} was trained for" in text
     assert "⚠" not in plot_memory(model, trained, 1, "fp16", "H200 141GB")[1]
+
+
+def test_deepseek_v2_declares_its_config_s_163840_positions_and_was_trained_to_32k():
+    # config.json: max_position_embeddings 163,840 (YaRN ×40 over 4,096); report §3.1.4: trained at 32K
+    assert PRESETS["deepseek-v2"].max_seq_len == 163840
+    assert ch03.trained_context(PRESETS["deepseek-v2"]) == 32768
+
+
+def test_a_sliding_window_caps_the_explorer_s_cache_and_the_readout_says_so():
+    import numpy as np
+
+    mistral, window = PRESETS["mistral-7b"], ch03.WINDOWED["mistral-7b"]
+    fig, text = plot_memory("mistral-7b", 131072, 1, "fp16", "A100 80GB")
+    capped = kv_cache_bytes(mistral, window)
+    p = plan(mistral, "A100 80GB", window)
+    first, second, verdict, context, users, dagger, beyond = lines(text)
+    assert f"131,072 tokens (rolling: the last 4,096) × batch 1: {format_bytes(capped)}" in second
+    assert verdict.startswith("✓ Fits")
+    assert context == ("Longest context that fits at batch 1: any length: the rolling cache stops growing at "
+                       "4,096 tokens (the model was trained for up to 8,192).")
+    assert users == f"Most concurrent sequences of 131,072 tokens that fit: {p.max_batch:,}."
+    assert dagger.startswith("† mistral-7b attends within a 4,096-token sliding window: a rolling cache "
+                             f"holds at most {format_bytes(capped)}")
+    assert f"full attention would need {format_bytes(kv_cache_bytes(mistral, 131072))}" in dagger
+    assert beyond.startswith("⚠ 131,072 tokens is beyond the 8,192")
+    ax = fig.axes[0]
+    cache = next(ln for ln in ax.get_lines() if ln.get_label().startswith("KV cache (fp16"))
+    x, y = np.asarray(cache.get_xdata()), np.asarray(cache.get_ydata())
+    assert y.max() == capped and np.all(y[x >= window] == capped)          # flat from the window on
+    assert np.allclose(y[x <= window], x[x <= window] * kv_bytes_per_token(mistral))
+    full = next(ln for ln in ax.get_lines() if ln.get_label().startswith("KV cache with full"))
+    assert full.get_linestyle() == ":" and np.asarray(full.get_ydata())[-1] > capped
+    marker = next(ln for ln in ax.get_lines() if ln.get_marker() == "o")
+    assert marker.get_ydata()[0] == pytest.approx(p.weight_bytes + capped)
+    assert not any(t.get_text().startswith("longest context") for t in ax.get_legend().get_texts())
+
+
+def test_a_window_that_does_not_fit_gives_the_planner_s_longest_context():
+    _, text = plot_memory("mistral-7b", 131072, 1024, "fp16", "A100 80GB")
+    p = plan(PRESETS["mistral-7b"], "A100 80GB", 4096, 1024)
+    assert not p.fits and 0 < p.max_context < 4096
+    assert f"Longest context that fits at batch 1024: {p.max_context:,} tokens" in text
+    assert f"Most concurrent sequences of 131,072 tokens that fit: {p.max_batch:,}." in text
 
 
 def test_a_model_trained_for_the_whole_range_has_no_shading_or_warning():
@@ -252,10 +296,24 @@ def test_cache_size_checker(capsys):
                         (expected * GiB / GB, "decimal GB"), (expected * GiB, "looks like bytes"),
                         (28, "4 bytes an element (fp32)"), (1.75, "multiply by the batch (8"),
                         (14 * 1024, "in MiB"), (15, "15.03 GB (10**9 bytes), rounded"),
-                        ("15.0", "rounded"), (13, "PRESETS['qwen2.5-7b']")]:
+                        ("15.0", "rounded"), (13, "PRESETS['qwen2.5-7b']"),
+                        (expected * GiB / 10**6, "decimal MB (10**6 bytes)"), ("15,032.4", "decimal MB")]:
         assert bool(ch03.check_cache_size(wrong)) is False
         assert hint in capsys.readouterr().out, wrong
     assert ch03.check_cache_size(32, model="llama-3-8b")  # 128 KiB × 32,768 × 8
+
+
+@pytest.mark.parametrize("answer, slips", [
+    (28 * GiB / GB, ["4 bytes an element (fp32)", "decimal GB"]),      # 30.06: fp32, in GB
+    (30, ["4 bytes an element (fp32)", "30.06 GB (10**9 bytes), rounded"]),
+    (1.75 * GiB / GB, ["multiply by the batch (8", "decimal GB"]),     # 1.88: one sequence, in GB
+    (7 * 1024, ["K alone", "in MiB"]),
+    (98 * GiB, ["use n_kv_heads, not n_heads", "looks like bytes"]),
+])
+def test_cache_size_checker_names_two_slips_at_once(answer, slips, capsys):
+    assert not ch03.check_cache_size(answer)
+    hint = capsys.readouterr().out
+    assert "two slips at once" in hint and all(s in hint for s in slips), hint
 
 
 test_any_wrong_answer_gets_a_hint = hint_test([ch03.check_cache_size], WRONG_VALUES)

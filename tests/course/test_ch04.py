@@ -19,7 +19,10 @@ def test_chapter_figures_draw():
     assert "MHA" in labels and "GQA" in labels and "MQA" in labels
     rows = [("Llama-2-70B", 40 * GiB, 320 * GiB, "GQA"), ("Llama-7B", 2 * GiB, 2 * GiB, "MHA")]
     fig2 = ch04.plot_kv_cache_bars(rows, "test")
-    assert any("8× smaller" in t.get_text() for t in fig2.axes[0].texts)
+    labels = [t.get_text() for t in fig2.axes[0].texts]
+    assert labels == ["40 GiB (GQA; MHA: 320 GiB, 8× smaller)", "2 GiB (MHA)"]   # one label a row
+    # each to the right of both its bars, so neither label covers a bar or the other's size
+    assert [t.get_position()[0] for t in fig2.axes[0].texts] == pytest.approx([320 * 1.01, 2 + 320 * 0.01])
     fig3 = ch04.plot_pooled_loss(["MHA (4 KV)", "GQA (2 KV)"], [1.5, 1.7], [0.1, 0.2], "MHA (4 KV)")
     assert [t.get_text() for t in fig3.axes[0].texts] == ["1.500", "1.700"]
     assert "2 standard errors" in fig3.axes[0].get_title()
@@ -85,6 +88,20 @@ def test_draw_gqa_explains_what_is_not_allowed():
     assert "head_dim=7 is odd" in text
 
 
+def test_draw_gqa_warns_beyond_the_trained_context_and_names_a_window():
+    _, text = ch04.plot_gqa()                       # llama-2-70b at 131,072: trained for 4,096
+    assert text.splitlines()[-1] == ("⚠ 131,072 tokens is beyond the 4,096 llama-2-70b was trained for: "
+                                     "the memory is real, the model's quality there is not.")
+    assert "⚠" not in ch04.plot_gqa(seq_len=4096)[1]
+    assert "⚠" not in ch04.plot_gqa("llama-3.1-405b", seq_len=131072)[1]   # trained for 128K
+    _, text = ch04.plot_gqa("mistral-7b", seq_len=8192)
+    assert ("† mistral-7b attends within a 4,096-token sliding window: a rolling cache holds at most "
+            "512.00 MiB at any length; the sizes above are full attention.") in text and "⚠" not in text
+    _, text = ch04.plot_gqa("custom", seq_len=2**20)    # a custom shape has no trained context
+    assert "⚠" not in text and "†" not in text
+    plt.close("all")
+
+
 def test_draw_gqa_mla_bar_for_deepseek():
     fig, text = ch04.plot_gqa("deepseek-v2")
     plt.close(fig)
@@ -148,8 +165,25 @@ def test_kv_heads_for_budget_checker(capsys):
     assert not ch04.check_kv_heads_for_budget(16)
     assert "over the 16 GiB budget" in capsys.readouterr().out
     assert not ch04.check_kv_heads_for_budget(5)
-    assert "allowed: [1, 2, 4, 8, 16, 32]" in capsys.readouterr().out
+    assert "Allowed: [1, 2, 4, 8, 16, 32]" in capsys.readouterr().out
     assert not ch04.check_kv_heads_for_budget(4)
+
+
+@pytest.mark.parametrize("answer, named, not_named", [
+    # 4 bytes a head: 4 GiB a head, 4 heads; a 16 GB budget is 14.9 GiB: 7 heads, largest divisor 4
+    (4, ["4-byte (fp32) elements", "the cache is fp16", "16 GB (16 × 10⁹ bytes)", "16 GiB, 16 × 1024³"],
+     ["batch", "K only"]),
+    (32, ["forgetting the batch", "each of the 4 sequences"], ["fp32", "K only", "10⁹"]),   # 0.5 GiB a head
+    (16, ["counting K only", "K and V, a factor 2"], ["fp32", "batch", "10⁹"]),             # 1 GiB a head
+    (2, ["fit (4 GiB), but a larger divisor fits too"], ["is what", "fp32", "batch", "K only", "10⁹"]),
+    (1, ["1 KV head fits (2 GiB)"], ["is what"]),
+    (0, ["a whole number ≥ 1", "0 does not"], ["is what"]),
+    (-8, ["a whole number ≥ 1", "-8 does not"], ["is what"]),
+])
+def test_kv_heads_for_budget_names_the_slip_that_gives_the_answer(answer, named, not_named, capsys):
+    assert not ch04.check_kv_heads_for_budget(answer)
+    hint = capsys.readouterr().out
+    assert all(s in hint for s in named) and not any(s in hint for s in not_named), hint
 
 
 def test_kv_heads_for_budget_is_what_the_budget_allows():
