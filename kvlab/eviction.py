@@ -62,18 +62,20 @@ def attention_maps(model, input_ids) -> list[torch.Tensor]:
 
 # ---- comparing policies at one budget ------------------------------------------------------------
 
-# "full" keeps everything; the others keep `budget` positions. The window policies number keys by
-# their place in the cache by default (StreamingLLM's choice, positions="cache"); positions="original"
-# keeps every key at its place in the text, as the heavy-hitter cache always does (the fair choice when
-# comparing them, on streams no longer than the model was trained on). Heavy hitters keep half the
-# budget for the most recent tokens (as H2O's experiments do) and choose the other half by score.
+# "full" keeps everything; the others keep `budget` positions. By default every policy keeps each key
+# at its place in the text (positions="original"), as the heavy-hitter cache always does, so policies
+# compared at one budget differ only in which keys they keep. positions="cache" numbers the window
+# policies' keys by their place in the cache (StreamingLLM's choice, which lets a stream run past the
+# model's trained length); ask for it explicitly. Heavy hitters keep half the budget for the most
+# recent tokens (as H2O's experiments do) and choose the other half by score.
 POLICIES = ("full", "window", "sinks + window", "heavy hitters")
 
 
 def bounded_cache(policy: str, config: ModelConfig, batch_size: int, budget: int, sinks: int = 4,
-                  dtype=torch.float32, device="cpu", positions: str = "cache") -> KVCache | None:
+                  dtype=torch.float32, device="cpu", positions: str = "original") -> KVCache | None:
     """The cache of `policy` holding `budget` positions (None for "full": no cache, full attention).
-    `positions` ("cache" or "original") is how the window policies number their keys."""
+    `positions` ("original" or "cache") is how the window policies number their keys (heavy hitters
+    always keep original positions)."""
     validate.choice("policy", policy, POLICIES)
     budget = validate.integer("budget", budget, low=2)
     validate.choice("positions", positions, POSITIONS)
@@ -89,11 +91,12 @@ def bounded_cache(policy: str, config: ModelConfig, batch_size: int, budget: int
 
 
 def loss_vs_budget(model, input_ids, budgets, policies=POLICIES, sinks: int = 4,
-                   positions: str = "cache", per_stream: bool = False) -> dict[str, list]:
+                   positions: str = "original", per_stream: bool = False) -> dict[str, list]:
     """Next-token loss (nats) at each position of input_ids (B, T), averaged over the batch, for each
     policy and budget: {policy: [tensor (T - 1,) for each budget]} ("full" is computed once and
     repeated). `.mean()` of one gives the loss over the whole stream. per_stream=True keeps every
-    stream: tensors (B, T - 1), for `paired_difference`."""
+    stream: tensors (B, T - 1), for `paired_difference`. `positions` as in `bounded_cache`: the
+    default keeps every policy's keys at their original positions (a fair comparison)."""
     ids = token_ids(model, input_ids)
     param = next(model.parameters())
     budgets, policies = _listed("budgets", budgets), _listed("policies", policies)

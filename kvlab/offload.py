@@ -1,7 +1,8 @@
 """Offloading: keep cold K/V blocks in host (CPU) memory and copy them back when needed, or compute
 them again. Copying costs the bytes ÷ the link's bandwidth; recomputing costs a prefill of those tokens
-(≈ 2 × parameters FLOPs a token) ÷ the GPU's FLOP/s. Which one wins depends on the model's bytes per
-token (GQA makes copying cheaper) and on the link.
+(2 × the layers' weights FLOPs a token: no embedding, no LM head; `kvlab.prefix.prefill_flops`) ÷ the
+GPU's FLOP/s. Which one wins depends on the model's bytes per token (GQA makes copying cheaper) and on
+the link.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ attention (at the stream positions it says they hold) and the logits. The recomp
 kind's own rule: full causal attention for the kinds that keep every position, the window's band for
 `SlidingWindowKVCache`, and for kinds that keep different keys per head (heavy hitters) the keys each
 query saw. `Oracle` does the same step by step, with `crop`, `fork` and `reset` in between (the
-state-machine tests drive every kind this way).
+state-machine tests drive every kind this way). A cache that starts with positions already filled
+(a prefix a `PrefixKVStore` found cached) is checked from there: `check(..., cached=n)` or
+`Oracle(..., held=ids)`; the recomputation includes those tokens, so the reused K/V are compared too.
 
 Errors are measured per layer as max |cached - recomputed| and compared with
 atol + rtol · max |recomputed| of that layer (defaults for float32: exact up to rounding). A
@@ -83,9 +85,10 @@ class Oracle:
 
     `feed(ids)` runs ids (B, T) after what the cache holds and returns the logits; `crop(n)`,
     `fork()` and `reset()` do the same to the cache and to the oracle's record of the stream. The
-    findings accumulate in `report`."""
+    findings accumulate in `report`. `held` (B, N): the token ids the cache holds already (its
+    first N positions, e.g. a cached prefix), which the recomputation starts from."""
 
-    def __init__(self, model, cache: KVCache, *, atol: float = 1e-5, rtol: float = 1e-4):
+    def __init__(self, model, cache: KVCache, *, atol: float = 1e-5, rtol: float = 1e-4, held=None):
         check_model(model)
         if not isinstance(cache, KVCache):
             raise ValueError(f"cache={cache!r:.60} is not a kvlab cache (a kvlab.cache.KVCache)")
@@ -99,6 +102,11 @@ class Oracle:
         self.report = Report(max_error={w: [0.0] * model.config.n_layers for w in ("keys", "values")})
         device = next(model.parameters()).device
         self.tokens = torch.zeros(0, 0, dtype=torch.long, device=device)  # the stream so far (B, N)
+        if held is not None:
+            self.tokens = token_ids(model, held)
+            if self.tokens.shape[1] != cache.seq_len:
+                raise ValueError(f"held has {self.tokens.shape[1]} tokens, but the cache holds "
+                                 f"{cache.seq_len} positions: pass the tokens it already holds")
         self.keep: torch.Tensor | None = None   # its padding mask (B, N), None without padding
         self.seen: list[torch.Tensor] | None = None  # per layer (B, H_kv, N, N): keys each query saw
 
@@ -273,17 +281,23 @@ class Oracle:
 
 
 def check(model, cache: KVCache, ids, prompt_len: int | None = None, attention_mask=None, *,
-          atol: float = 1e-5, rtol: float = 1e-4) -> Report:
+          atol: float = 1e-5, rtol: float = 1e-4, cached: int = 0) -> Report:
     """Feed ids (B, T) through `model` with `cache` as a decode would (the first prompt_len tokens
     at once, default all but 4, then one a step, teacher-forced) and compare every pass with a
-    recomputation. Returns the Report (`print(report)` says where the first difference is)."""
+    recomputation. Returns the Report (`print(report)` says where the first difference is).
+    cached: how many of the first ids the cache holds already (a prefix a prefix store found);
+    they are not fed again, but their K/V are compared with the recomputation too."""
     ids = token_ids(model, ids)
     total = ids.shape[1]
-    prompt_len = max(1, total - 4) if prompt_len is None else validate.integer(
-        "prompt_len", prompt_len, low=1, high=total)
-    oracle = Oracle(model, cache, atol=atol, rtol=rtol)
+    cached = validate.integer("cached", cached, low=0, high=total - 1)
+    prompt_len = max(cached + 1, total - 4) if prompt_len is None else validate.integer(
+        "prompt_len", prompt_len, low=cached + 1, high=total)
+    if cached and attention_mask is not None:
+        raise ValueError("cached > 0 with an attention_mask: a cache that holds a prefix already "
+                         "(a prefix store's) serves one unpadded sequence; pass no attention_mask")
+    oracle = Oracle(model, cache, atol=atol, rtol=rtol, held=ids[:, :cached] if cached else None)
     mask = None if attention_mask is None else _mask_like(attention_mask, ids)  # (B, T) bool
-    oracle.feed(ids[:, :prompt_len], None if mask is None else mask[:, :prompt_len])
+    oracle.feed(ids[:, cached:prompt_len], None if mask is None else mask[:, :prompt_len])
     for i in range(prompt_len, total):
         oracle.feed(ids[:, i:i + 1], None if mask is None else mask[:, i:i + 1])
     return oracle.report

@@ -145,6 +145,31 @@ def test_prefix_reuse_on_kvlab_tiny_gives_identical_text():
     assert store.manager.hit_tokens == common // 16 * 16 > 0
 
 
+def test_the_oracle_checks_a_cache_that_starts_with_a_cached_prefix(model):
+    """kvlab.oracle with `cached=n`: the store's cache holds the first n tokens already; the oracle
+    recomputes them too. It must be told how many (or be given them), and says so when it is not."""
+    from kvlab import oracle
+
+    store = PrefixKVStore(model.config, num_blocks=32, block_size=8)
+    ids = torch.randint(0, 256, (1, 30)).tolist()[0]
+    run_request(model, store, ids[:20], 2)                    # indexes 2 full blocks of 8
+    cache = store.cache_for(ids[:24])
+    assert cache.seq_len == 16
+    assert oracle.check(model, cache, [ids], prompt_len=24, cached=16).ok
+    cache.release()
+    cache = store.cache_for(ids[:24])
+    untold = oracle.check(model, cache, [ids], prompt_len=24)
+    assert str(untold).startswith("✗ the cache says it holds 16 positions, but the stream holds 0")
+    cache.release()
+    cache = store.cache_for(ids[:24])
+    with pytest.raises(ValueError, match="held has 15 tokens, but the cache holds 16 positions"):
+        oracle.Oracle(model, cache, held=[ids[:15]])
+    with pytest.raises(ValueError, match="cached > 0 with an attention_mask"):
+        oracle.check(model, cache, [ids], cached=16, attention_mask=[[1] * 30])
+    with pytest.raises(ValueError, match="cached=30 must be an integer"):
+        oracle.check(model, cache, [ids], cached=30)
+
+
 # --- arithmetic ---------------------------------------------------------------------------------
 
 def test_sharing_counts_blocks_bytes_and_prefill():

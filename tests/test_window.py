@@ -284,7 +284,19 @@ def test_paired_difference_over_streams_and_over_blocks():
 def test_bounded_cache_numbers_window_keys_as_asked(tiny):
     from kvlab.eviction import bounded_cache
 
-    assert bounded_cache("window", tiny.config, 1, 8).positions == "cache"
-    assert bounded_cache("sinks + window", tiny.config, 1, 8, positions="original").positions == "original"
+    # by default at their original positions, as heavy hitters keep them: a fair comparison
+    assert bounded_cache("sinks + window", tiny.config, 1, 8).positions == "original"
+    assert bounded_cache("window", tiny.config, 1, 8, positions="cache").positions == "cache"
     with pytest.raises(ValueError, match="positions='ring'"):
         bounded_cache("window", tiny.config, 1, 8, positions="ring")
+
+
+def test_loss_vs_budget_compares_policies_at_original_positions_unless_asked(tiny):
+    from kvlab.eviction import loss_vs_budget
+
+    ids = torch.tensor([encode_bytes("a stream longer than the budget, with sinks kept first")])
+    kw = {"policies": ["sinks + window"], "sinks": 2}
+    default = loss_vs_budget(tiny, ids, [12], **kw)["sinks + window"][0]
+    original = loss_vs_budget(tiny, ids, [12], positions="original", **kw)["sinks + window"][0]
+    renumbered = loss_vs_budget(tiny, ids, [12], positions="cache", **kw)["sinks + window"][0]
+    assert torch.equal(default, original) and not torch.allclose(default, renumbered)

@@ -155,7 +155,7 @@ def plot_first_positions_attention(maps, first: int = 16, skip: int = 64):
     ax.set_xlabel("key position")
     ax.set_ylabel("mean attention weight received")
     ax.set_title(f"Attention the first positions receive (queries at {skip}..{t - 1})", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # below: off the points
     return fig
 
 
@@ -181,7 +181,7 @@ def plot_loss_along_stream(curves: dict, window: int | None = None, trained: int
 
 # ---- the real model: SmolLM2-135M-Instruct -----------------------------------------------------
 
-REAL_STREAM = 144     # tokens a stream: three times the budget, so most positions are past the window
+REAL_STREAM = 145     # tokens a stream: the budget's 48 + 1 before the first eviction, then 96 after it
 REAL_STREAMS = 2
 REAL_BUDGET = 48      # positions kept by every bounded policy
 REAL_BLOCK = 16       # positions a unit of the paired standard error
@@ -229,8 +229,8 @@ def streaming_measurements(model, ids, budget: int = REAL_BUDGET, sinks: int = S
                            block: int = REAL_BLOCK) -> dict:
     """StreamingLLM's comparison on `ids` (B, T): per-position losses of every policy of
     kvlab.eviction.POLICIES at one budget, keys at their original positions, and for each policy the
-    mean loss minus the full cache's over the positions past the budget (where the bounded caches
-    have evicted something), with its paired standard error over blocks of `block` positions."""
+    mean loss minus the full cache's over the queries at positions >= budget (each of them misses a
+    key a bounded cache has evicted), with its paired standard error over blocks of `block` positions."""
     import math
 
     import torch
@@ -241,7 +241,8 @@ def streaming_measurements(model, ids, budget: int = REAL_BUDGET, sinks: int = S
     with torch.inference_mode():
         per = {p: v[0] for p, v in loss_vs_budget(model, ids, [budget], sinks=sinks,
                                                    positions="original", per_stream=True).items()}
-    start = budget - 1  # loss index i predicts token i + 1: from here on a query misses something
+    # Loss index i is the query at position i, which sees i + 1 keys: all of them while i < budget.
+    start = budget
     rows = {}
     for policy, losses in per.items():
         loss = losses[:, start:].mean().item()
@@ -282,16 +283,17 @@ def chat_prompts(tokenizer, system: str, questions, replies) -> list[list[int]]:
 
 
 def chat_hits(prompts, generated, block_size: int = 16, num_blocks: int = 4096) -> list[int]:
-    """Prompt tokens each turn finds in a prefix index (block bookkeeping only, as kvlab.prefix's
-    store does it): a turn looks up its prompt, then indexes its prompt + generated tokens."""
-    from ..prefix import PrefixBlockManager
+    """Prompt tokens each turn finds in a prefix index (block bookkeeping only, as
+    kvlab.prefix.run_request does it): a turn looks up its prompt, then indexes the tokens whose K/V
+    it computed: the prompt and every generated token but the last (sampled, never fed)."""
+    from ..cache.prefix import PrefixBlockManager
 
     m = PrefixBlockManager(num_blocks, block_size)
     hits = []
     for prompt, new in zip(prompts, generated, strict=True):
         seq = m.new_sequence(prompt)
         hits.append(seq.cached_tokens)
-        for token in new:
+        for token in new[:-1]:
             m.append(seq, token)
         m.register(seq)
         m.free(seq)
@@ -370,6 +372,8 @@ def plot_hit_rate(pool_blocks, hit_rates: dict, best: float | None = None):
     if best is not None:
         ax.axhline(best * 100, color="gray", ls="--", label="every prefix cached (upper bound)")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(list(pool_blocks), [f"{p:,}" for p in pool_blocks])
+    ax.minorticks_off()
     ax.set_xlabel("KV pool (blocks of 16 tokens)")
     ax.set_ylabel("prompt tokens found in the index (%)")
     ax.set_ylim(0, 100)
@@ -429,7 +433,11 @@ def check_shared_prefix_blocks(answer, users: int = SHARED_BLOCKS_EXERCISE["user
               (prefix_len + users * suffix_len, "that counts tokens: the question asks for blocks of "
                f"{block_size} tokens."),
               (full + users * suffix_len / block_size, "blocks are whole: each user's own part is "
-               "ceil((prefix + suffix) / block_size) − the shared full blocks, rounded up.")]
+               "ceil((prefix + suffix) / block_size) − the shared full blocks, rounded up."),
+              (-(-(prefix_len + users * suffix_len) // block_size), "blocks are not shared between users' "
+               "own tokens: each user's own part starts in its own copy of the prefix's last partial "
+               "block."),
+              (users * (own - full), f"add the {full} shared prefix blocks, held once.")]
     for wrong, hint in likely:
         if value == wrong and value != s.blocks_shared:
             return report(False, "", hint)
@@ -462,7 +470,8 @@ def check_window_cache_gib(answer, model: str = WINDOW_BYTES_EXERCISE["model"],
               (expected * 2, "FP16 is 2 bytes a value (that is fp32's 4)."),
               (per_head, f"{config.n_kv_heads} KV heads are cached, not the {config.n_heads} query "
                "heads (grouped-query attention)."),
-              (expected * GiB / 1e9, "that is GB (10**9 bytes): the question asks for GiB (1024**3).")]
+              (expected * GiB / 1e9, "that is GB (10**9 bytes): the question asks for GiB (1024**3)."),
+              (expected * 1024, "that is MiB: divide by 1024 once more.")]
     for wrong, hint in likely:
         if close(value, wrong, 1e-3) and not close(value, expected, 1e-3):
             return report(False, "", hint)

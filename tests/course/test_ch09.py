@@ -13,8 +13,10 @@ import torch  # noqa: E402
 from answers import WRONG_VALUES, hint_test, verdict_test  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from kvlab import PRESETS, eviction, prefix, pretrained  # noqa: E402
+from kvlab import PRESETS, eviction, oracle, prefix, pretrained  # noqa: E402
+from kvlab.cache import PrefixKVStore, SlidingWindowKVCache  # noqa: E402
 from kvlab.course import ch09_reuse_and_evict as ch09  # noqa: E402
+from kvlab.generate import encode_bytes, generate  # noqa: E402
 from kvlab.memory import GiB, format_bytes, kv_bytes_per_token, kv_cache_bytes  # noqa: E402
 
 
@@ -170,18 +172,21 @@ def test_sink_mass_is_the_attention_on_token_0_per_layer_and_head():
 
 def test_streaming_measurements_pair_every_policy_with_the_full_cache():
     model = pretrained.load("kvlab-tiny")
-    ids = ch09.held_out_streams(40, 2)
+    ids = ch09.held_out_streams(41, 2)
     r = ch09.streaming_measurements(model, ids, budget=8, block=8)
-    assert set(r["rows"]) == set(eviction.POLICIES) and r["start"] == 7
+    assert set(r["rows"]) == set(eviction.POLICIES) and r["start"] == 8
     full = eviction.token_losses(model, ids)
     assert r["per_position"]["full"] == pytest.approx(full, abs=1e-5)
     window = eviction.token_losses(model, ids, eviction.bounded_cache("window", model.config, 2, 8,
                                                                       positions="original"))
-    d = (window - full)[:, 7:7 + 32].reshape(-1, 8).mean(1)
+    # the measured positions start at the first query that misses an evicted key: index 8 (it sees
+    # 9 keys, one more than the budget); the query at index 7 still sees all 8
+    assert (window - full)[:, :8].abs().max() < 1e-5 and (window - full)[:, 8].abs().min() > 1e-4
+    d = (window - full)[:, 8:8 + 32].reshape(-1, 8).mean(1)
     row = r["rows"]["window"]
     assert row["units"] == 8 and row["minus full"] == pytest.approx(d.mean().item(), abs=1e-5)
     assert row["se"] == pytest.approx(d.std().item() / 8 ** 0.5, rel=1e-3)
-    assert row["perplexity"] == pytest.approx(float(torch.exp(window[:, 7:].mean())), rel=1e-5)
+    assert row["perplexity"] == pytest.approx(float(torch.exp(window[:, 8:].mean())), rel=1e-5)
     fig = ch09.plot_streaming(r)
     assert [round(p.get_height(), 6) for p in fig.axes[0].patches] == [
         round(r["rows"][p]["minus full"], 6) for p in eviction.POLICIES[1:]]
@@ -203,10 +208,62 @@ def test_chat_prompts_render_the_history_and_chat_hits_count_whole_blocks():
                     "<system>be brief</><user>q1</><assistant>a1</><user>q2</><assistant>"]
     generated = [[ord(c) for c in "a1</>"], [ord(c) for c in "a2"]]
     hits = ch09.chat_hits(prompts, generated, block_size=4)
-    # turn 2 shares turn 1's prompt (41 characters) + answer (5), in whole blocks of 4
+    # turn 2 shares turn 1's prompt (41 characters) + the answer's 4 fed tokens (the last of its 5 is
+    # sampled, never fed: no K/V), in whole blocks of 4
     assert len(prompts[0]) == 41 and hits == [0, 44]
     clock = ch09.chat_prompts(tok, lambda t: f"t{t}", ["q1", "q2"], ["a1", "a2"])
     assert ch09.chat_hits(clock, generated, block_size=4) == [0, 8]   # "<system>t" differs at 9
+
+
+def test_chat_hits_count_what_a_prefix_store_finds():
+    """A 20-token prompt + 12 new tokens: 32, two blocks of 16, but the last new token has no K/V, so
+    the store indexes one block; chat_hits must say the same."""
+    model = pretrained.load("kvlab-tiny")
+    store = PrefixKVStore(model.config, num_blocks=16, block_size=16)
+    first = encode_bytes("Turn one: a question")
+    assert len(first) == 20
+    one = prefix.run_request(model, store, first, 12)
+    second = first + one.new_tokens + encode_bytes(" and turn two.")
+    two = prefix.run_request(model, store, second, 4)
+    assert two.cached_tokens == 16
+    assert ch09.chat_hits([first, second], [one.new_tokens, two.new_tokens]) == [0, 16]
+
+
+# --- the oracle: shared prefix and window caches checked against a recomputation --------------------
+
+def test_a_request_served_from_the_prefix_index_passes_the_oracle():
+    model = pretrained.load("kvlab-tiny")
+    store = PrefixKVStore(model.config, num_blocks=32, block_size=16)
+    system = encode_bytes("A shared system prompt of more than two blocks of tokens. ")
+    prefix.run_request(model, store, system + encode_bytes("First?"), 4)
+    prompt = system + encode_bytes("Second?")
+    cont = generate(model, torch.tensor([prompt]), 6, cache="static").new_tokens[0].tolist()
+    cache = store.cache_for(prompt)
+    assert cache.seq_len == 48
+    report = oracle.check(model, cache, [prompt + cont], prompt_len=len(prompt), cached=48)
+    assert report.ok and report.passes == 7, report
+    # a stale block (another request's K/V left in it) is located at its first position
+    cache.release()
+    stale = store.cache_for(prompt)
+    block = stale.seq.table[1]
+    store.k[0, block] += 1.0
+    report = oracle.check(model, stale, [prompt + cont], prompt_len=len(prompt), cached=48)
+    assert (report.first.what, report.first.layer, report.first.position) == ("keys", 0, 16)
+
+
+class _ForgetsItsBand(SlidingWindowKVCache):
+    def visible(self, query_positions, key_positions, layer=None):
+        return key_positions[None, :] <= query_positions[:, None]
+
+
+def test_the_window_cache_passes_the_banded_oracle_and_a_wrong_band_is_located():
+    model = pretrained.load("kvlab-tiny")
+    ids = ch09.held_out_streams(120, 1)
+    good = oracle.check(model, SlidingWindowKVCache(model.config, 1, window=16, sinks=4), ids,
+                        prompt_len=80)
+    assert good.ok and good.passes == 41, good
+    bad = oracle.check(model, _ForgetsItsBand(model.config, 1, window=16, sinks=4), ids, prompt_len=80)
+    assert (bad.first.what, bad.first.layer, bad.first.position) == ("keys", 1, 80)
 
 
 # --- the exercises --------------------------------------------------------------------------------
@@ -221,7 +278,9 @@ def test_shared_prefix_blocks_checker(capsys):
                         (63 + 20 * 13, "private copy"), (right + 2, "only the prefix's full blocks"),
                         ("many", "whole number"), (75, "one user's blocks"),
                         (62, "only the shared prefix blocks"), (63, "only the prefix's blocks"),
-                        (1000 + 20 * 200, "counts tokens"), (62 + 20 * 200 / 16, "blocks are whole")]:
+                        (1000 + 20 * 200, "counts tokens"), (62 + 20 * 200 / 16, "blocks are whole"),
+                        (313, "not shared between users' own tokens"),
+                        (260, "add the 62 shared prefix blocks")]:
         assert not ch09.check_shared_prefix_blocks(wrong)
         assert hint in capsys.readouterr().out, wrong
     assert ch09.check_shared_prefix_blocks(2 + 3 * 1, users=3, prefix_len=32, suffix_len=16)
@@ -236,7 +295,7 @@ def test_window_cache_checker(capsys):
                         (kv_cache_bytes(mistral, 100_000, 8) / GiB, "whole 100,000-token stream"),
                         (0.5, "one stream"), (2, "factor 2"), (8, "fp32's 4"),
                         (16, "not the 32 query heads"), (4 * GiB / 1e9, "that is GB"),
-                        (3, "the window, not the stream")]:
+                        (3, "the window, not the stream"), (4096, "that is MiB")]:
         assert not ch09.check_window_cache_gib(wrong)
         assert hint in capsys.readouterr().out, wrong
 
