@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .style import Verdict, arrow, box, close, report
+from .style import Verdict, arrow, as_number, box, close, number_hint, report
 
 # The course's chapters, in order: (number, title, what it builds or measures, group, explorer), where
-# `explorer` says whether the chapter ends in an interactive explorer. Chapters 08 and 10 are new.
+# `explorer` says whether the chapter has an interactive explorer. Chapters 08 and 10 are new.
 ROADMAP = [
     ("00", "Welcome", "how the course\nworks, terms", "start", False),
     ("01", "One token\nat a time", "naive decoding:\nO(n²) K/V rows", "why", False),
@@ -30,7 +30,7 @@ GROUPS = {  # group -> (label, colour)
 
 
 def chapters_with_explorers() -> list[str]:
-    """The numbers of the chapters that end in an explorer (sliders and drop-downs that redraw a plot)."""
+    """The numbers of the chapters that have an explorer (sliders and drop-downs that redraw a plot)."""
     return [num for num, _, _, _, explorer in ROADMAP if explorer]
 
 
@@ -50,7 +50,7 @@ def plot_roadmap():
         if col:
             arrow(ax, (x - 0.2, y + 0.55), (x, y + 0.55))
     handles = [Patch(facecolor=color, edgecolor="#333333", label=label) for label, color in GROUPS.values()]
-    handles.append(Patch(facecolor="white", edgecolor="white", label="◆ ends in an explorer"))
+    handles.append(Patch(facecolor="white", edgecolor="white", label="◆ has an explorer"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=4, fontsize=8,
               frameon=False)
     ax.set_xlim(-0.1, per_row * step)
@@ -68,5 +68,13 @@ def check_byte_tokens(answer, text: str = "KV cache 缓存") -> Verdict:
     expected = len(text.encode("utf-8"))
     if answer is None:
         return report(False, "", "replace None with a number: count the UTF-8 bytes of the text.")
+    value = as_number(answer)
+    if value is None:
+        return report(False, "", f"{number_hint(answer)} Count the UTF-8 bytes of the text.")
+    cjk = sum(ord(c) >= 0x2E80 for c in text)  # Chinese characters: 3 bytes each in UTF-8
+    wrong = {len(text): "you counted characters; count UTF-8 bytes: a Chinese character is 3.",
+             expected - cjk: "2 bytes a Chinese character is GBK or UTF-16; UTF-8 uses 3."}
+    if value != expected and value in wrong:
+        return report(False, "", wrong[value])
     return report(close(answer, expected), f"{text!r} is {expected} byte tokens.",
                   "ASCII letters and spaces take 1 byte each; a Chinese character takes 3.")

@@ -1,7 +1,7 @@
 """Chapter 01, One token at a time: the generation loop, the instruments that measure the naive
-decoder (K/V rows through the projections, FLOPs of the written-out attention), its per-step costs
-and their growth, and the K/V-work exercise. `plot_step_times` and `count_kv_rows` are reused by
-chapter 02."""
+decoder (K/V rows through the projections, FLOPs of the written-out attention, CPU time per step),
+its per-step costs and their growth, and the K/V-work exercise. `plot_step_times`, `count_kv_rows`
+and `cpu_step_seconds` are reused by chapter 02."""
 
 from __future__ import annotations
 
@@ -91,8 +91,8 @@ def count_kv_rows(model):
     with a forward hook on every `block.attn.qkv`: `rows[layer]` gets one entry per forward pass.
 
     It measures what the model computes, not what the caller fed. Only forward passes through the
-    model's modules are seen: the fixed-shape step of `kvlab.fast` (generate's cache="static")
-    multiplies the weights directly, so count a "dynamic" or naive run.
+    model's modules are seen: `kvlab.fast.fast_generate` multiplies the weights directly and is not
+    counted; every `generate` cache kind (naive, "dynamic", "static", …) is.
     """
     rows = [[] for _ in model.layers]
     hooks = [block.attn.qkv.register_forward_hook(
@@ -100,6 +100,26 @@ def count_kv_rows(model):
         for block, seen in zip(model.layers, rows, strict=True)]
     try:
         yield rows
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@contextlib.contextmanager
+def cpu_step_seconds(model):
+    """Time every forward pass of `model` on this process's CPU clock (`time.process_time`): the
+    list it yields gets one entry a pass. On a machine shared with other busy programs, wall time
+    also counts the time they held the cores; CPU time does not. (CPU only: a GPU's work is not
+    CPU time; `generate` times GPU steps with CUDA events.)"""
+    import time
+
+    seconds: list[float] = []
+    started: list[float] = []
+    hooks = [model.register_forward_pre_hook(lambda _module, _args: started.append(time.process_time())),
+             model.register_forward_hook(
+                 lambda _module, _args, _output: seconds.append(time.process_time() - started.pop()))]
+    try:
+        yield seconds
     finally:
         for hook in hooks:
             hook.remove()
@@ -147,11 +167,12 @@ def plot_step_costs(steps, panels):
 
 def plot_step_times(naive_seconds, cached_seconds,
                     title: str = "Per-step time: growing without a cache, nearly flat with one"):
-    """Wall time of each step: naive grows with the sequence; cached stays nearly flat while its
-    cache is small next to the rest of the step (chapter 02 times it at long contexts).
+    """Time of each step (as measured: CPU time with `cpu_step_seconds`, or `generate`'s own step
+    times): naive grows with the sequence; cached stays nearly flat while its cache is small next to
+    the rest of the step (chapter 02 times it at long contexts).
 
-    Dots are single steps; the line is a running median over 9 steps, which a busy machine's
-    scheduling noise does not move much. Either series may be None.
+    Dots are single steps; the line is a running median over 9 steps, which a single slow step
+    does not move much. Either series may be None.
     """
     import numpy as np
 

@@ -114,7 +114,15 @@ def plot_decode_frame(frames: _trace.DecodeTrace, step: int, layer: int = 0, hea
     note = dict(textcoords="offset points", fontsize=8, ha="right",
                 bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
     ax.annotate(f"prefill: {p} rows at once ↑", xy=(dim - 0.5, p - 0.5), xytext=(-3, 3), va="bottom", **note)
-    ax.annotate("decode: one row a step ↓", xy=(dim - 0.5, p - 0.5), xytext=(-3, -3), va="top", **note)
+    # The decode note sits under the newest row, in the rows not filled yet, so it never covers the
+    # newest row's outline; once those run out (the last steps), above the newest row instead.
+    newest_top = filled - frame.fed - 0.5
+    if total - filled >= 3:
+        ax.annotate("↑ decode: one row a step", xy=(dim - 0.5, filled - 0.5), xytext=(-3, -3), va="top",
+                    **note)
+    else:
+        ax.annotate("decode: one row a step ↓", xy=(dim - 0.5, newest_top), xytext=(-3, 3), va="bottom",
+                    **note)
 
     bars = _panel(fig, BARS_BOX, sharey=ax)
     weights = frame.attention[layer, head].numpy()

@@ -1,12 +1,15 @@
 """Chapter 02, The KV cache: prefill and decode, the cached decoder's per-step time and speed-up,
 growing vs pre-allocated storage, step time against context length, the cost bars (reused by
 chapter 06), the position offset of a chunked prefill, and the two exercises (decode step, chunk
-positions and mask)."""
+positions and mask), whose checkers run the learner's code as kvlab-tiny's cache under kvlab.oracle
+so that a wrong answer is located (the first layer and position that differ)."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import torch
 
+from ..cache import DynamicKVCache
 from . import style
 from .style import CACHED_FACE, MODEL_FACE, NEW_FACE, PROMPT_FACE, Verdict, arrow, box, new_figure, report
 
@@ -56,7 +59,7 @@ def plot_prefill_decode(prompt_len: int = 4, decode_steps: int = 3):
              ha="left", fontsize=8, color="#4C72B0")
     arrow(ax2, (3.7, 5.55), (3.7, 3.45))
     ax2.text(3.8, 4.6, "Q of the new token", fontsize=8)
-    box(ax2, 2.0, 2.4, 5.4, 1.0, "softmax(Q_new · K_cacheᵀ / √d) · V_cache\nattention over every "
+    box(ax2, 2.0, 2.4, 5.4, 1.0, "softmax(Q_new · K_cacheᵀ / √D) · V_cache\nattention over every "
         "cached position", "#E2F0D9")
     arrow(ax2, (6.0 + total * sw / 2, 3.85), (6.6, 3.45), color="#4C72B0")
     ax2.text(6.0 + total * sw / 2 + 0.1, 3.55, "all cached K, V", fontsize=8, color="#4C72B0")
@@ -78,9 +81,11 @@ def plot_speedup_vs_tokens(n_tokens, speedups, rows_ratio=None):
 
     fig, ax = new_figure(6.0, 3.8)
     n_tokens = [int(n) for n in n_tokens]
+    shown = [1.0]  # every value drawn, for the y ticks
     for (label, ratios), color, marker in zip(speedups.items(), ["#4C72B0", "#55A868", "#8172B2"],
                                                "o^D", strict=False):
         ratios = np.asarray(ratios, dtype=float).reshape(len(n_tokens), -1)
+        shown += ratios.ravel().tolist()
         mid = np.median(ratios, axis=1)
         spread = np.stack([mid - ratios.min(axis=1), ratios.max(axis=1) - mid])
         ax.errorbar(n_tokens, mid, yerr=spread if ratios.shape[1] > 1 else None, fmt=f"{marker}-",
@@ -88,10 +93,17 @@ def plot_speedup_vs_tokens(n_tokens, speedups, rows_ratio=None):
     if rows_ratio is not None:
         ax.plot(n_tokens, rows_ratio, "s--", color="gray", alpha=0.8,
                 label="K/V rows: naive ÷ cached")
+        shown += [float(r) for r in rows_ratio]
     ax.axhline(1, color="black", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(n_tokens, [str(n) for n in n_tokens])
+    # Labelled ticks 1, 2, 3, 5, 10, 20, 50, …: a log axis alone labels only the powers of ten,
+    # and the speed-ups (a few ×) and row ratios (tens ×) fall between them.
+    finite = [v for v in shown if np.isfinite(v) and v > 0]
+    ticks = [m * 10**e for e in range(-1, 7) for m in (1, 2, 3, 5)
+             if min(finite) / 1.5 <= m * 10**e <= max(finite) * 1.5]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("tokens generated, N")
     ax.set_ylabel("time or rows, ÷ (log scale)")
@@ -186,27 +198,152 @@ def plot_cost_bars(labels, values, ylabel: str, title: str = "", fmt: str = "{:,
     return fig
 
 
+# ---- kvlab.oracle on kvlab-tiny: where a learner's cache first goes wrong ----------------------
+
+
+ORACLE_TEXT = "The KV cache keeps the keys and values of every token."  # kvlab-tiny's bytes to feed
+
+
+class DecodeStepCache(DynamicKVCache):
+    """A cache whose decode steps are a learner's `fn(q_new, k_new, v_new, k_cache, v_cache) ->
+    (out, k_cache, v_cache)`: the prefill is stored by kvlab, and every later token's K and V go
+    through `fn`, whose returned caches are what the layer attends over and what the cache keeps.
+    (The model hands each layer's queries over first: `needs_queries`.)"""
+
+    needs_queries = True
+
+    def __init__(self, config, fn):
+        super().__init__(config)
+        self.fn, self.queries = fn, {}
+
+    def receive_queries(self, layer: int, q) -> None:
+        self.queries[layer] = q
+
+    def update(self, layer, k, v):
+        if self.keys[layer] is None or k.shape[2] != 1:  # the prefill: kvlab's own update
+            return super().update(layer, k, v)
+        result = self.fn(self.queries[layer].clone(), k.clone(), v.clone(), self.keys[layer].clone(),
+                         self.values[layer].clone())
+        _, self.keys[layer], self.values[layer] = result
+        self.lengths[layer] = self.keys[layer].shape[2]
+        return self.keys[layer], self.values[layer]
+
+
+class ChunkCache(DynamicKVCache):
+    """A cache fed in chunks whose RoPE positions and attention mask come from a learner's
+    `fn(start, length) -> (positions, mask)` instead of kvlab's own rule."""
+
+    def __init__(self, config, fn):
+        super().__init__(config)
+        self.fn, self.mask = fn, None
+
+    def rope_positions(self, t: int, device=None):
+        positions, self.mask = self.fn(self.seq_len, t)
+        return positions.to(device=device, dtype=torch.long)
+
+    def key_positions(self, layer: int):
+        return torch.arange(self.lengths[layer], device=self.device)  # every key, in order
+
+    def visible(self, query_positions, key_positions, layer=None):
+        return self.mask.to(key_positions.device)
+
+
+def oracle_finding(cache, feeds) -> str:
+    """Feed kvlab-tiny the bytes of ORACLE_TEXT through `cache`, `feeds` tokens a pass, under
+    kvlab.oracle (after every pass it recomputes the whole stream without a cache and compares keys,
+    values and logits, layer by layer); return '' when it finds no difference, else where the first
+    one is. An error of the learner's code inside the cache propagates."""
+    from .. import oracle
+    from ..generate import encode_bytes
+    from .ch02_decode_explorer import _tiny
+
+    model = _tiny()
+    ids = torch.tensor([encode_bytes(ORACLE_TEXT)[:sum(feeds)]])
+    check, start = oracle.Oracle(model, cache), 0
+    for n in feeds:
+        check.feed(ids[:, start:start + n])
+        start += n
+        if check.report.first is not None:
+            return str(check.report.first)
+    return ""
+
+
+def _after(located: str, hint: str) -> str:
+    """The oracle's finding, then the hint as a sentence of its own."""
+    return located + (hint[:1].upper() + hint[1:] if located else hint)
+
+
+def _dense(t) -> bool:
+    """An ordinary tensor: strided (not sparse), not nested, not on the meta device."""
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested and not t.is_meta
+
+
 # ---- exercise: the decode step of one attention layer -------------------------------------------
+
+
+DECODE_ORACLE_FEEDS = (12, 1, 1, 1, 1, 1, 1)  # a 12-token prefill, then 6 decode steps
 
 
 def check_decode_step(fn) -> Verdict:
     """Ch 02: `fn(q_new, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`, the decode step
-    of one attention layer, compared with kvlab's cache and attention on random inputs.
+    of one attention layer, compared with kvlab's cache and attention on random inputs; its cache
+    part also drives kvlab-tiny under kvlab.oracle, which names the first layer and position where
+    the cache differs from recomputing everything without one.
 
     Shapes: q_new (B, H, 1, D); k_new, v_new (B, H, 1, D); caches (B, H, S, D), S may be 0;
     out (B, H, 1, D); the returned caches hold S + 1 positions.
     """
-    import math
-
-    import torch
-
-    from ..attention import naive_attention
-    from ..cache import DynamicKVCache
-    from ..config import ModelConfig
-
     if not callable(fn):
         return report(False, "", "pass your function itself: ch02.check_decode_step(decode_step).")
+    results = []
+    for case in _decode_cases():
+        try:
+            result = fn(*(t.clone() for t in case[0]))
+        except Exception as exc:  # report the learner's error instead of raising it
+            return report(False, "", f"your function raised {type(exc).__name__}: {exc}")
+        hint = _decode_form_hint(result, case)
+        if hint:
+            return report(False, "", hint)
+        results.append((result, case))
+    cache_hint = next(filter(None, (_decode_cache_hint(r, case) for r, case in results)), "")
+    try:
+        where = oracle_finding(DecodeStepCache(_oracle_config(), fn), DECODE_ORACLE_FEEDS)
+    except Exception as exc:  # noqa: BLE001 - a learner's bug is a hint, never a traceback
+        cfg = _oracle_config()
+        return report(False, "", f"run as kvlab-tiny's cache (B = 1, H = {cfg.n_heads}, D = {cfg.head_dim}), "
+                      f"your function raised {type(exc).__name__}: {exc}")
+    if where or cache_hint:
+        located = (f"kvlab.oracle ran kvlab-tiny with your step as its cache (a {DECODE_ORACLE_FEEDS[0]}-"
+                   f"token prefill, then one token a step) and found the first difference: {where}. "
+                   ) if where else ""
+        return report(False, "", _after(located, cache_hint or _APPEND_HINT))
+    for (out, _, _), case in results:
+        hint = _decode_output_hint(out, case)
+        if hint:
+            return report(False, "", hint)
+    return report(True, "Your decode step matches kvlab's cache + attention on random inputs, and "
+                  "kvlab.oracle finds kvlab-tiny, run with it as its cache, identical to recomputing "
+                  "without one at every layer and position.", "")
+
+
+_APPEND_HINT = ("append the new K and V at the end of the caches (old positions first, the new one "
+                "last), K to K and V to V.")
+
+
+def _oracle_config():
+    from .ch02_decode_explorer import _tiny
+
+    return _tiny().config
+
+
+def _decode_cases():
+    """Random decode-step inputs and kvlab's answer: ((q, k, v, k_cache, v_cache), k_all, v_all, out)
+    for a few shapes, including an empty cache."""
+    from ..attention import naive_attention
+    from ..config import ModelConfig
+
     gen = torch.Generator().manual_seed(0)
+    cases = []
     for batch, heads, cached, dim in [(1, 2, 5, 8), (2, 4, 11, 16), (1, 1, 0, 4)]:
         q, k, v = (torch.randn(batch, heads, 1, dim, generator=gen) for _ in range(3))
         kc, vc = (torch.randn(batch, heads, cached, dim, generator=gen) for _ in range(2))
@@ -215,100 +352,148 @@ def check_decode_step(fn) -> Verdict:
         if cached:
             cache.update(0, kc, vc)
         k_all, v_all = cache.update(0, k, v)
-        want = naive_attention(q, k_all, v_all)
-        try:
-            result = fn(q.clone(), k.clone(), v.clone(), kc.clone(), vc.clone())
-        except Exception as exc:  # report the learner's error instead of raising it
-            return report(False, "", f"your function raised {type(exc).__name__}: {exc}")
-        if not isinstance(result, (tuple, list)) or len(result) != 3:
-            return report(False, "", "return three things: (out, k_cache, v_cache).")
-        out, k_new_cache, v_new_cache = result
-        if not all(isinstance(t, torch.Tensor) for t in result):
-            return report(False, "", "out, k_cache and v_cache must all be tensors.")
-        wrong = [t for t in result if t.dtype != q.dtype or t.device != q.device]
-        if wrong:
-            return report(False, "", f"keep the inputs' dtype and device ({q.dtype} on {q.device}): got "
-                          f"{wrong[0].dtype} on {wrong[0].device}; a float64 value (e.g. from numpy) in "
-                          "the arithmetic changes the dtype.")
-        if k_new_cache.shape != k_all.shape or v_new_cache.shape != v_all.shape:
-            return report(False, "", f"the caches should grow by one position along dim 2: "
-                          f"expected {tuple(k_all.shape)}, got {tuple(k_new_cache.shape)}; use "
-                          "torch.cat([k_cache, k_new], dim=2).")
-        if not (torch.equal(k_new_cache, k_all) and torch.equal(v_new_cache, v_all)):
-            return report(False, "", "append the new K and V at the end of the caches (old "
-                          "positions first, the new one last), K to K and V to V.")
-        if out.shape != want.shape:
-            return report(False, "", f"out should have the shape of q_new, {tuple(want.shape)}; "
-                          f"got {tuple(out.shape)}.")
-        if not torch.allclose(out, want, atol=1e-5, rtol=1e-5):
-            unscaled = torch.softmax(q @ k_all.transpose(-2, -1), -1) @ v_all
-            if torch.allclose(out, v_all[:, :, :1], atol=1e-5):
-                hint = ("your step attends to the first cached position only: that is what "
-                        "F.scaled_dot_product_attention(q, k, v, is_causal=True) does with one query, "
-                        "because its causal mask is aligned to the top left (the query counts as "
-                        "position 0). The one new query may see every cached position: use no mask.")
-            elif torch.allclose(out, unscaled, atol=1e-5):
-                hint = f"scale the scores by 1/√d (here 1/√{dim} = {1 / math.sqrt(dim):.3f})."
-            else:
-                hint = ("attend with the new query over the whole updated cache: "
-                        "softmax(q_new @ k_cacheᵀ / √d) @ v_cache, softmax over the last dimension.")
-            return report(False, "", hint)
-    return report(True, "Your decode step matches kvlab's cache + attention on random inputs.", "")
+        cases.append(((q, k, v, kc, vc), k_all, v_all, naive_attention(q, k_all, v_all)))
+    return cases
+
+
+def _decode_form_hint(result, case) -> str:
+    """What is wrong with the form of a decode step's result (a triple of dense tensors of the
+    inputs' dtype, device and shapes), or ''."""
+    (q, *_), k_all, v_all, want = case
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        return "return three things: (out, k_cache, v_cache)."
+    if not all(isinstance(t, torch.Tensor) for t in result):
+        return "out, k_cache and v_cache must all be tensors."
+    if not all(_dense(t) for t in result):
+        return "return ordinary dense tensors (not sparse, nested or meta ones)."
+    wrong = [t for t in result if t.dtype != q.dtype or t.device != q.device]
+    if wrong:
+        return (f"keep the inputs' dtype and device ({q.dtype} on {q.device}): got {wrong[0].dtype} on "
+                f"{wrong[0].device}; a float64 value (e.g. from numpy) in the arithmetic changes the dtype.")
+    out, k_cache, v_cache = result
+    if k_cache.shape != k_all.shape or v_cache.shape != v_all.shape:
+        return (f"the caches should grow by one position along dim 2: expected {tuple(k_all.shape)}, "
+                f"got {tuple(k_cache.shape)}; use torch.cat([k_cache, k_new], dim=2).")
+    if out.shape != want.shape:
+        return f"out should have the shape of q_new, {tuple(want.shape)}; got {tuple(out.shape)}."
+    return ""
+
+
+def _decode_cache_hint(result, case) -> str:
+    """How the returned caches differ from kvlab's (swapped, prepended), or '' when they are equal."""
+    (_, k, v, kc, vc), k_all, v_all, _ = case
+    _, k_cache, v_cache = result
+    if torch.equal(k_cache, k_all) and torch.equal(v_cache, v_all):
+        return ""
+    if torch.equal(k_cache, v_all) and torch.equal(v_cache, k_all):
+        return "K and V are swapped: append k_new to the K cache and v_new to the V cache."
+    if torch.equal(k_cache, torch.cat([k, kc], dim=2)):
+        return ("the new position went first: append it at the end, torch.cat([k_cache, k_new], dim=2), "
+                "so that position i stays row i.")
+    return _APPEND_HINT
+
+
+def _decode_output_hint(out, case) -> str:
+    """What is wrong with the attention output, or '' when it matches kvlab's."""
+    import math
+
+    (q, *_), k_all, v_all, want = case
+    if torch.allclose(out, want, atol=1e-5, rtol=1e-5):
+        return ""
+    dim = q.shape[-1]
+    if torch.allclose(out, v_all[:, :, :1], atol=1e-5):
+        return ("your step attends to the first cached position only: that is what "
+                "F.scaled_dot_product_attention(q, k, v, is_causal=True) does with one query, because "
+                "its causal mask is aligned to the top left (the query counts as position 0). The one new "
+                "query may see every cached position: use no mask.")
+    if torch.allclose(out, torch.softmax(q @ k_all.transpose(-2, -1), -1) @ v_all, atol=1e-5):
+        return f"scale the scores by 1/√D, D = head_dim (here 1/√{dim} = {1 / math.sqrt(dim):.3f})."
+    return ("attend with the new query over the whole updated cache: softmax(q_new @ k_cacheᵀ / √D) "
+            "@ v_cache, softmax over the last dimension.")
 
 
 # ---- exercise: the positions and mask of a prefill chunk ----------------------------------------
 
 
 CHUNK_CASES = [(0, 4), (5, 3), (8, 1), (3, 6)]  # (start, length): cached positions, chunk length
+CHUNK_ORACLE_FEEDS = (4, 3, 1, 6)  # kvlab-tiny prefilled in chunks: starts 0, 4, 7, 8
 
 
 def check_chunk_prefill(fn) -> Verdict:
     """Ch 02: `fn(start, length) -> (positions, mask)` for a chunk of `length` tokens fed after `start`
     cached ones: the chunk's RoPE positions, a 1-D integer tensor (length,), and its attention mask,
-    a bool tensor (length, start + length), True where a query may look at a key."""
-    import torch
-
+    a bool tensor (length, start + length), True where a query may look at a key. Once the form is
+    right, kvlab-tiny is prefilled in chunks with it under kvlab.oracle, which names the first
+    layer and position that differ from feeding everything at once."""
     from ..attention import causal_mask
 
     if not callable(fn):
         return report(False, "", "pass your function itself: ch02.check_chunk_prefill(chunk_inputs).")
+    value_hint = ""
     for start, length in CHUNK_CASES:
         want_pos, want_mask = torch.arange(start, start + length), causal_mask(length, start + length)
         try:
             result = fn(start, length)
         except Exception as exc:  # report the learner's error instead of raising it
             return report(False, "", f"your function raised {type(exc).__name__}: {exc}")
-        if not isinstance(result, (tuple, list)) or len(result) != 2:
-            return report(False, "", "return two things: (positions, mask).")
-        positions, mask = result
-        if mask is None:
-            return report(False, "", "return a mask even when every entry is True: for length 1 it is one "
-                          "row of start + 1 Trues (kvlab's model skips it on the decode path; the "
-                          "exercise asks for it).")
-        if not isinstance(positions, torch.Tensor) or not isinstance(mask, torch.Tensor):
-            return report(False, "", "positions and mask must both be tensors (torch.arange, "
-                          "kvlab.attention.causal_mask or a comparison of two aranges).")
-        try:
-            hint = _position_hint(positions, want_pos, start, length) or _mask_hint(mask, want_mask, start,
-                                                                                     length)
-        except Exception as exc:  # sparse, meta or other unusual tensors: a hint, never a traceback
-            return report(False, "", f"could not compare your tensors ({type(exc).__name__}); return "
-                          "ordinary dense tensors on the CPU or the model's device.")
+        hint = _chunk_form_hint(result, start, length)
         if hint:
             return report(False, "", hint)
+        positions, mask = result
+        try:
+            value_hint = value_hint or _position_hint(positions, want_pos, start, length) or _mask_hint(
+                mask, want_mask, start, length)
+        except Exception as exc:  # unusual tensors the form check let through: a hint, never a traceback
+            return report(False, "", f"could not compare your tensors ({type(exc).__name__}); return "
+                          "ordinary dense tensors on the CPU or the model's device.")
+    try:
+        where = oracle_finding(ChunkCache(_oracle_config(), fn), CHUNK_ORACLE_FEEDS)
+    except Exception as exc:  # noqa: BLE001 - a learner's bug is a hint, never a traceback
+        return report(False, "", value_hint or f"prefilling kvlab-tiny with your positions and masks "
+                      f"raised {type(exc).__name__}: {exc}")
+    if where or value_hint:
+        sizes = ", ".join(map(str, CHUNK_ORACLE_FEEDS[:-1])) + f" and {CHUNK_ORACLE_FEEDS[-1]}"
+        located = (f"kvlab.oracle prefilled kvlab-tiny in chunks of {sizes} tokens with your positions "
+                   f"and masks and found the first difference: {where}. ") if where else ""
+        return report(False, "", _after(located, value_hint or "query start + i sees keys 0 … start + i: "
+                                        "causal_mask(length, start + length) builds exactly that."))
     return report(True, "Right: the chunk's positions continue after the cache, and each of its "
-                  "tokens sees every cached position, the chunk up to itself, and nothing later.", "")
+                  "tokens sees every cached position, the chunk up to itself, and nothing later; "
+                  "kvlab.oracle finds kvlab-tiny prefilled in chunks with them identical to feeding "
+                  "everything at once.", "")
+
+
+def _chunk_form_hint(result, start: int, length: int) -> str:
+    """What is wrong with the form of (positions, mask): two dense tensors, integer positions of
+    shape (length,), a bool mask of shape (length, start + length); '' when the form is right."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        return "return two things: (positions, mask)."
+    positions, mask = result
+    if mask is None:
+        return ("return a mask even when every entry is True: for length 1 it is one row of start + 1 "
+                "Trues (kvlab's model skips it on the decode path; the exercise asks for it).")
+    if not isinstance(positions, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        return ("positions and mask must both be tensors (torch.arange, kvlab.attention.causal_mask or a "
+                "comparison of two aranges).")
+    if not (_dense(positions) and _dense(mask)):
+        return "return ordinary dense tensors (not sparse, nested or meta ones)."
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        return f"positions should be integers (e.g. torch.arange); got dtype {positions.dtype}."
+    if positions.shape != (length,):
+        return (f"positions should hold one entry per chunk token, shape ({length},); got "
+                f"{tuple(positions.shape)}.")
+    if mask.dtype != torch.bool:
+        return f"the mask should be a bool tensor (True = may look); got dtype {mask.dtype}."
+    if mask.shape != (length, start + length):
+        extra = (" The keys are the cached positions plus the chunk's, so it needs start + length "
+                 "columns.") if mask.shape == (length, length) and start else ""
+        return (f"with start={start}, length={length} the mask has shape {(length, start + length)}; got "
+                f"{tuple(mask.shape)}.{extra}")
+    return ""
 
 
 def _position_hint(positions, want, start: int, length: int) -> str:
-    """A hint about the RoPE positions, or '' when they are right."""
-    import torch
-
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        return f"positions should be integers (e.g. torch.arange); got dtype {positions.dtype}."
-    if positions.shape != want.shape:
-        return (f"positions should hold one entry per chunk token, shape ({length},); got "
-                f"{tuple(positions.shape)}.")
+    """A hint about the values of the RoPE positions, or '' when they are right."""
     if torch.equal(positions.cpu(), want - start) and start:
         return (f"the positions restart at 0, as if the chunk were the whole sequence: after {start} "
                 f"cached tokens the chunk sits at positions {start} … {start + length - 1}, and RoPE "
@@ -320,17 +505,8 @@ def _position_hint(positions, want, start: int, length: int) -> str:
 
 
 def _mask_hint(mask, want, start: int, length: int) -> str:
-    """A hint about the attention mask, or '' when it is right."""
-    import torch
-
-    if mask.dtype != torch.bool:
-        return f"the mask should be a bool tensor (True = may look); got dtype {mask.dtype}."
+    """A hint about the values of the attention mask, or '' when it is right."""
     mask = mask.cpu()
-    if mask.shape != want.shape:
-        extra = (" The keys are the cached positions plus the chunk's, so it needs start + length "
-                 "columns.") if mask.shape == (length, length) and start else ""
-        return (f"with start={start}, length={length} the mask has shape {tuple(want.shape)}; got "
-                f"{tuple(mask.shape)}.{extra}")
     if torch.equal(mask, ~want):
         return "the mask is inverted: True means a query MAY look at that key."
     if bool(mask.all()) and not bool(want.all()):

@@ -1,5 +1,5 @@
-"""Chapter 00: the roadmap draws every chapter and says truly which end in an explorer; the warm-up
-checker prints its verdict once and takes any answer."""
+"""Chapter 00: the roadmap draws every chapter and says truly which have an explorer; the warm-up
+checker prints its verdict once, names the usual miscounts and takes any answer."""
 
 import json
 from pathlib import Path
@@ -30,7 +30,7 @@ def test_roadmap_lists_the_twelve_chapters_in_order():
 
 
 @pytest.mark.parametrize("num", [num for num, *_ in ch00.ROADMAP])
-def test_roadmap_says_truly_whether_a_chapter_ends_in_an_explorer(num):
+def test_roadmap_says_truly_whether_a_chapter_has_an_explorer(num):
     found = sorted(NOTEBOOKS.glob(f"{num}_*.ipynb"))
     assert found, f"the road map lists chapter {num}, but notebooks/ has no {num}_*.ipynb"
     cells = json.loads(found[0].read_text(encoding="utf-8"))["cells"]
@@ -55,6 +55,24 @@ def test_unanswered_exercises_get_a_hint_not_an_error(capsys):
     assert not ch00.check_byte_tokens(None)
     assert "replace None" in capsys.readouterr().out
     assert ch00.check_byte_tokens("15") and ch00.check_byte_tokens(15.0)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (11, "you counted characters"),           # 11 characters, not 15 bytes
+    (13, "GBK or UTF-16"),                     # 2 bytes a Chinese character
+    ("abc", "answer with a number"),           # not a number at all: said so
+    (10, "a Chinese character takes 3"),       # any other count: the general hint
+])
+def test_the_usual_miscounts_get_their_own_hint(answer, words, capsys):
+    assert not ch00.check_byte_tokens(answer)
+    assert words in capsys.readouterr().out
+
+
+def test_the_legend_says_has_an_explorer_not_ends_in_one():
+    fig = ch00.plot_roadmap()
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "◆ has an explorer" in labels
+    matplotlib.pyplot.close(fig)
 
 
 test_any_wrong_answer_gets_a_hint = hint_test([ch00.check_byte_tokens], WRONG_VALUES)

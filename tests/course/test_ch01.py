@@ -121,6 +121,36 @@ def test_count_kv_rows_counts_what_passes_through_each_projection():
     assert len(rows[0]) == 8  # the hooks are gone after the block
 
 
+def test_count_kv_rows_sees_every_generate_cache_kind():
+    # the docstring's promise: every `generate` cache kind goes through the model's modules
+    model = _model()
+    for kind in (None, "dynamic", "static"):
+        with ch01.count_kv_rows(model) as rows:
+            generate(model, [1, 2, 3], 4, cache=kind)
+        assert sum(rows[0]) == (3 + 4 + 5 + 6 if kind is None else 3 + 3)
+
+
+def test_cpu_step_seconds_times_each_forward_pass_on_the_cpu_clock():
+    model = _model()
+    with ch01.cpu_step_seconds(model) as seconds:
+        run = generate(model, [1, 2, 3], 5, cache=None)
+    assert len(seconds) == len(run.steps) == 5 and all(s >= 0 for s in seconds)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]))
+    assert len(seconds) == 5  # the hooks are gone after the block
+
+
+def test_cpu_step_seconds_does_not_count_time_the_process_spends_waiting():
+    import time
+
+    model = _model()
+    with ch01.cpu_step_seconds(model) as seconds:
+        wait = model.register_forward_pre_hook(lambda *_: time.sleep(0.2))  # inside the timed pass
+        run = generate(model, [1, 2, 3], 1, cache=None)
+        wait.remove()
+    assert run.steps[0].seconds >= 0.2 > 0.1 > seconds[0]  # wall time counts the sleep, CPU time not
+
+
 def test_step_plots_draw_several_theory_lines():
     theory = {"linear": [2, 4, 6], "+ attn": [2, 4.5, 7]}
     fig = ch01.plot_step_costs([1, 2, 3], [("flops", "FLOPs", [2, 4, 7], theory, "")])

@@ -129,3 +129,14 @@ def test_the_attention_panel_numbers_its_rows(frames):
     assert "cached position" in positions.get_ylabel()
     labels = [t.get_text() for t in positions.get_yticklabels()]
     assert labels[:3] == ["0", "5", "10"]
+
+
+@pytest.mark.parametrize("step", [0, 1, 2, STEPS - 1])
+def test_the_decode_note_never_covers_the_newest_row(frames, step):
+    # the note hangs below the newest row (va top) or, when no empty rows are left, sits above it
+    # (va bottom): either way outside the rows outlined in orange
+    fig = ch02.plot_decode_frame(frames, step, layer=1, head=0)
+    note = next(t for t in fig.axes[1].texts if "decode: one row a step" in t.get_text())
+    frame = frames[step]
+    below, above = frame.positions - 0.5, frame.positions - frame.fed - 0.5
+    assert (note.xy[1], note.get_va()) in ((below, "top"), (above, "bottom"))
