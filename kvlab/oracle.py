@@ -24,6 +24,7 @@ quantized cache is not exact: give it a tolerance that states its bound.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -240,8 +241,8 @@ class Oracle:
                     if err.numel():
                         worst = float(err.max())
                         row = self.report.max_error[what]
-                        row[layer] = max(row[layer], worst)
-                        bad = (err > allowed).nonzero()
+                        row[layer] = worst if math.isnan(worst) else max(row[layer], worst)
+                        bad = (~(err <= allowed)).nonzero()  # NaN is never within the tolerance
                         if bad.numel():
                             i = bad[0].tolist()
                             found.append(Divergence(what, layer, int(pos[tuple(i)]), float(err[tuple(i)]),
@@ -249,11 +250,13 @@ class Oracle:
         t = logits.shape[1]
         ref = ref_logits[:, start:start + t]
         diff = (logits.float() - ref.float()).abs().amax(-1)           # (B, T)
-        if self.keep is not None:
-            diff = diff * self.keep[:, start:start + t]                 # padding rows do not count
+        if self.keep is not None:                                       # padding rows do not count
+            diff = diff.masked_fill(~self.keep[:, start:start + t].bool(), 0.0)
         allowed = self.atol + self.rtol * float(ref.abs().max())
-        self.report.max_logits_error = max(self.report.max_logits_error, float(diff.max()))
-        bad = (diff.amax(0) > allowed).nonzero()
+        worst = float(diff.max())
+        old = self.report.max_logits_error
+        self.report.max_logits_error = worst if math.isnan(worst) else max(old, worst)
+        bad = (~(diff.amax(0) <= allowed)).nonzero()
         if bad.numel():
             i = int(bad[0])
             found.append(Divergence("logits", None, start + i, float(diff[:, i].max()), allowed))

@@ -9,6 +9,8 @@ bound for the quantized ones.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -242,6 +244,21 @@ def test_the_oracle_locates_a_key_written_at_the_wrong_position():
     report = oracle.check(MODEL, Shifted(CFG), torch.randint(0, CFG.vocab_size, (1, 12)), prompt_len=8)
     assert (report.first.what, report.first.layer, report.first.position) == ("keys", 1, 3)
     assert report.max_error["keys"][0] == pytest.approx(0, abs=1e-5)  # layer 0 is right
+
+
+def test_the_oracle_locates_nan_keys_which_no_tolerance_admits():
+    class Poisoned(DynamicKVCache):
+        def update(self, layer, k, v):
+            K, V = super().update(layer, k, v)
+            if layer == 1 and K.shape[2] >= 10:  # layer 1 hands back NaN at position 9
+                K = K.clone()
+                K[:, :, 9] = float("nan")
+            return K, V
+
+    report = oracle.check(MODEL, Poisoned(CFG), torch.randint(0, CFG.vocab_size, (1, 12)), prompt_len=8)
+    assert not report.ok
+    assert (report.first.what, report.first.layer, report.first.position) == ("keys", 1, 9)
+    assert math.isnan(report.max_error["keys"][1])
 
 
 def test_the_oracle_holds_quantized_caches_to_the_tolerance_it_is_given():
