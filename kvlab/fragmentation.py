@@ -1,10 +1,11 @@
 """Why paging: serve a stated mix of requests from one KV memory budget, step by step.
 
 `sample_requests` draws prompt and output lengths from a chat-like `RequestMix`; `simulate` serves
-them first come, first served under a reservation policy (`POLICIES`: reserve the maximum, a power
-of two, the exact length, or pages of `block_size` from a `kvlab.cache.paged.BlockAllocator`) and
-reports how the memory was spent (`SimResult`): tokens, reserved-but-future slots, internal and
-external fragmentation. It reproduces the 60–80 % waste reported for pre-paging systems.
+them first come, first served under a reservation policy (`POLICIES`: reserve the maximum, the
+prompt plus the output rounded up to a power of two, the exact length, or pages of `block_size` from
+a `kvlab.cache.paged.BlockAllocator`) and reports how the memory was spent (`SimResult`): tokens,
+reserved-but-future slots, internal and external fragmentation. It reproduces the 60–80 % waste
+reported for pre-paging systems.
 `paged_waste` is the share of slots paging itself leaves empty (each sequence's last block).
 """
 
@@ -85,7 +86,8 @@ def sample_requests(n: int, mix: RequestMix = RequestMix(), seed: int = 0
 
 # How much memory a request reserves when it is admitted (contiguous policies), in tokens:
 #   "max":   max_len for everyone (the engine cannot know how long the answer will be);
-#   "pow2":  the next power of two >= its final length (the length known within 2×);
+#   "pow2":  its prompt plus its output length rounded up to a power of two (the vLLM paper's
+#            Orca (Pow2): it knows the answer's length within 2×), at most max_len;
 #   "exact": exactly its final length (an oracle: an upper bound for contiguous reservation);
 #   "paged": nothing reserved; blocks of block_size taken as the sequence grows.
 POLICIES = ("max", "pow2", "exact", "paged")
@@ -141,8 +143,9 @@ def simulate(prompt_lens, output_lens, policy: str = "max", capacity: int = 6553
 
     All requests wait in one first-come-first-served queue from step 0 (a busy server). A
     request is admitted when its reservation fits (contiguous policies: first fit into a gap of
-    the address space; "paged": enough free blocks for its prompt); each step every running
-    request adds one token and leaves when its output is complete. "paged" takes a block when a
+    the address space, where the vLLM paper's Orca baselines use a buddy allocator; "paged": enough
+    free blocks for its prompt); each step every running request adds one token and leaves when
+    its output is complete. "paged" takes a block when a
     sequence grows into it and, when none is free, preempts the newest request (its blocks are
     freed and it is queued again to recompute its tokens), as vLLM does; `headroom` (paged only)
     admits a request only if headroom × (running requests) blocks stay free after its prompt,
@@ -154,16 +157,18 @@ def simulate(prompt_lens, output_lens, policy: str = "max", capacity: int = 6553
     capacity = validate.integer("capacity", capacity)
     max_len = validate.integer("max_len", max_len)
     block_size = validate.integer("block_size", block_size)
-    _check_sim_args(prompt, output, policy, capacity, max_len, block_size)
+    _check_sim_args(prompt, output, policy, max_len)
+    reserve = _reservations(prompt, output, policy, max_len, block_size)
+    if int(reserve.max()) > capacity:
+        raise ValueError(f"capacity={capacity} slots cannot hold even one request of "
+                         f"{int(reserve.max())} slots ({policy!r} policy); allowed: capacity >= "
+                         f"{int(reserve.max())}")
     headroom = validate.number("headroom", headroom, low=0)  # free blocks kept per running request
     if layout_step is not None:
         layout_step = validate.integer("layout_step", layout_step, low=0)
     if policy == "paged":
         return _simulate_paged(prompt, output, capacity, block_size, layout_step, headroom)
     total = prompt + output
-    reserve = {"max": np.full_like(total, max_len),
-               "pow2": np.minimum(2 ** np.ceil(np.log2(total)).astype(np.int64), max_len),
-               "exact": total}[policy]
     queue = deque(range(len(prompt)))
     running: dict[int, int] = {}          # request -> start slot
     generated = np.zeros_like(prompt)
@@ -307,7 +312,20 @@ def _result(policy, capacity, block_size, acc, counted, running_sum, steps, fini
                      finished=finished, preemptions=preemptions, layout=layout)
 
 
-def _check_sim_args(prompt, output, policy, capacity, max_len, block_size) -> None:
+def _reservations(prompt, output, policy, max_len, block_size) -> np.ndarray:
+    """Slots each request takes at once (see POLICIES); "paged": the blocks of its whole length,
+    the most it ever holds."""
+    total = prompt + output
+    if policy == "max":
+        return np.full_like(total, max_len)
+    if policy == "pow2":   # the vLLM paper, §6.1: an output of 25 tokens reserves 32 positions
+        return np.minimum(prompt + 2 ** np.ceil(np.log2(output)).astype(np.int64), max_len)
+    if policy == "paged":
+        return -(-total // block_size) * block_size
+    return total
+
+
+def _check_sim_args(prompt, output, policy, max_len) -> None:
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not known; allowed: {', '.join(POLICIES)}")
     if prompt.shape != output.shape:  # each is non-empty and >= 1 already (token_counts)
@@ -316,9 +334,3 @@ def _check_sim_args(prompt, output, policy, capacity, max_len, block_size) -> No
     longest = int((prompt + output).max())
     if longest > max_len:
         raise ValueError(f"a request of {longest} tokens exceeds max_len={max_len}")
-    biggest = max_len if policy == "max" else longest
-    if policy == "paged":
-        biggest = blocks_needed(longest, block_size) * block_size
-    if biggest > capacity:
-        raise ValueError(f"capacity={capacity} slots cannot hold even one request of "
-                         f"{biggest} slots ({policy!r} policy); allowed: capacity >= {biggest}")

@@ -209,12 +209,14 @@ class RooflineClock:
 
     The model (a lower bound, stated): a step takes max(bytes ÷ bandwidth, FLOPs ÷ peak FP16 FLOP/s),
     where bytes = every weight once (`roofline.decode_step_bytes` at context 0) + the K/V each row
-    reads (all its positions, the new ones included) and writes, and FLOPs = 2 per weight per fed
-    token + attention over each row's positions (`roofline.forward_flops`'s counts). Assumed: no
-    per-step overhead (kernel launches, the scheduler's own CPU time), both roofs reached, no
-    activations in memory; a swap moves its bytes over the host link (PCIe, one direction) while
-    nothing else runs. Real engines are slower than this; the *shape* of the results (what fits,
-    where the latency goes) is what it shows.
+    reads (all its positions, the new ones included) and writes, and FLOPs = 2 per weight of the
+    layers per fed token + 2 per LM-head weight once per row (an engine computes logits only for each
+    row's last token) + attention over the causal pairs only (a new token at position p sees p + 1
+    keys: what a causal kernel computes; `roofline.forward_flops` counts the whole rectangle, as a
+    dense kernel does). Assumed: no per-step overhead (kernel launches, the scheduler's own CPU
+    time), both roofs reached, no activations in memory; a swap moves its bytes over the host link
+    (PCIe, one direction) while nothing else runs. Real engines are slower than this; the *shape* of
+    the results (what fits, where the latency goes) is what it shows.
     """
 
     def __init__(self, config: ModelConfig | str, gpu: str = "H100 80GB", dtype: str = "fp16",
@@ -229,15 +231,18 @@ class RooflineClock:
         self.weight_bytes = roofline.decode_step_bytes(config, 0, 1, dtype)
         self.kv_bytes_per_token = memory.kv_bytes_per_token(config, dtype)
         one = roofline.forward_flops(config, 1, 1)
-        self.linear_flops, self.pair_flops = one.linear, one.attention  # per token, per (query, key)
+        self.head_flops = 2 * config.d_model * config.vocab_size        # the LM head, per row
+        self.linear_flops = one.linear - self.head_flops                # the layers, per fed token
+        self.pair_flops = one.attention                                  # per (query, key) pair
 
     def step_seconds(self, rows) -> float:
         """Seconds for one pass over rows of (cached positions, new tokens)."""
         fed = sum(n for _, n in rows)
         keys = sum(c + n for c, n in rows)
-        pairs = sum(n * (c + n) for c, n in rows)
+        # causal: the new tokens of a row at positions c .. c+n-1 see c+1 .. c+n keys
+        pairs = sum(n * c + n * (n + 1) // 2 for c, n in rows)
         bytes_ = self.weight_bytes + self.kv_bytes_per_token * (keys + fed)
-        flops = self.linear_flops * fed + self.pair_flops * pairs
+        flops = self.linear_flops * fed + self.head_flops * len(rows) + self.pair_flops * pairs
         return max(bytes_ / self.gpu.bandwidth_bytes_per_s, flops / self.peak if self.peak else 0.0)
 
     def swap_seconds(self, tokens: int) -> float:

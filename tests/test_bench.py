@@ -503,3 +503,5 @@ def test_scheduler_sweep_quick_run(tmp_path):
     assert {r["method"] for r in rows} >= {"one at a time", "static, batches of 8", "continuous, budget 64"}
     assert all(r["tokens_identical"] for r in rows) and rows[0]["speedup_vs_one_at_a_time"] == 1.0
     assert "Serving a stream of requests" in (tmp_path / "sched.md").read_text()
+    # the index names both speed-ups and that the continuous run may run everyone at once
+    assert "scheduler, kvlab-tiny: continuous (up to all" in (tmp_path / "README.md").read_text()

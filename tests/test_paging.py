@@ -252,6 +252,23 @@ def test_paged_waste_counts_only_last_blocks():
         paged_waste([0, 3], 16)
 
 
+def reserved_slots(layout, request=0) -> int:
+    return sum(n for _, n, kind, r in layout if r == request and kind != "gap")
+
+
+def test_pow2_reserves_the_prompt_plus_the_output_rounded_up_to_a_power_of_two():
+    # the vLLM paper (§6.1): "if the true output length is 25, it reserves 32 positions for outputs"
+    r = simulate([10], [25], "pow2", capacity=256, max_len=128, layout_step=0)
+    assert reserved_slots(r.layout) == 10 + 32       # not 64, the power of two above 10 + 25
+    r = simulate([100], [20], "pow2", capacity=256, max_len=128, layout_step=0)
+    assert reserved_slots(r.layout) == 128           # 100 + 32, cut to max_len
+    r = simulate([7], [32], "pow2", capacity=256, max_len=128, layout_step=0)
+    assert reserved_slots(r.layout) == 7 + 32        # a power of two already: nothing added
+    # the capacity check counts what a request reserves, not its length
+    with pytest.raises(ValueError, match="cannot hold even one request of 42 slots"):
+        simulate([10], [25], "pow2", capacity=40, max_len=128)
+
+
 def test_layouts_cover_the_memory_without_overlap(requests):
     p, o = requests
     for policy in ("pow2", "paged"):

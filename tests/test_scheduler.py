@@ -200,9 +200,18 @@ def test_roofline_clock_decode_step_is_the_memory_roof():
         # one token over `context` cached ones reads context + 1 keys and writes one
         want = roofline.decode_step_bytes(llama, context + 2, 1) / H100_BANDWIDTH
         assert clock.step_seconds([(context, 1)]) == pytest.approx(want)
-    # a long prefill is compute-bound: FLOPs over the peak
-    flops = roofline.forward_flops(llama, 4096, 4096).total
-    assert clock.step_seconds([(0, 4096)]) == pytest.approx(flops / roofline.PEAK_FP16_FLOPS["H100 80GB"])
+    # a long prefill is compute-bound: FLOPs over the peak. forward_flops charges the LM head on every
+    # fed token and attention over the whole 4096 × 4096 rectangle; the clock charges the head once
+    # (only the last token's logits are needed) and only the causal pairs (4096 · 4097 / 2)
+    peak = roofline.PEAK_FP16_FLOPS["H100 80GB"]
+    dense = roofline.forward_flops(llama, 4096, 4096)
+    head = 2 * llama.d_model * llama.vocab_size
+    flops = dense.linear - 4095 * head + dense.attention * (4096 * 4097 / 2) / 4096**2
+    assert clock.step_seconds([(0, 4096)]) == pytest.approx(flops / peak)
+    assert flops < 0.9 * dense.total
+    # the same prompt in two chunks of one step: the same causal pairs, one LM head more
+    two = clock.step_seconds([(0, 2048), (2048, 2048)])
+    assert two - clock.step_seconds([(0, 4096)]) == pytest.approx(head / peak)
     assert clock.swap_seconds(1000) == pytest.approx(1000 * 131072 / (32e9 * 16 * 128 / 130 / 8))
 
 

@@ -233,6 +233,23 @@ def _target_lines(result: dict) -> list[str]:
     return out
 
 
+def _scheduler_speedups(rows: list[dict]) -> list[str]:
+    """Per model of a scheduler sweep: continuous batching (budget 512) and static batches, each as a
+    speed-up over one request at a time. The continuous run may run every request at once (its cap,
+    64 rows, is above the stream), the static one only a batch: the two caps differ."""
+    sched = [r for r in rows if r["sweep"] == "scheduler"]
+    out = []
+    for model in dict.fromkeys(r["model"] for r in sched):
+        mine = {r["method"]: r for r in sched if r["model"] == model}
+        cont = mine.get("continuous, budget 512")
+        static = next((r for m, r in mine.items() if m.startswith("static")), None)
+        if cont and static:
+            out.append(f"scheduler, {model.split(' (')[0]}: continuous (up to all {cont['requests']} "
+                       f"requests at once) {cont['speedup_vs_one_at_a_time']:.2f}× / "
+                       f"{static['method']} {static['speedup_vs_one_at_a_time']:.2f}×")
+    return out
+
+
 def write_index(out_dir: str | Path) -> Path:
     """benchmarks/README.md: one line per recorded result, and whether any GPU result exists."""
     out = Path(out_dir)
@@ -247,13 +264,14 @@ def write_index(out_dir: str | Path) -> Path:
              "Written by `python -m kvlab.bench` (see `kvlab/bench/` for the method: warm-up, "
              "medians of several repeats, CUDA events on a GPU, interleaved comparisons).", "",
              "| result | device | CPU / GPU | torch | threads | date "
-             "| kvlab vs transformers (its dynamic / static cache, eager) |",
+             "| kvlab vs transformers (its dynamic / static cache, eager); scheduler vs one at a time |",
              "|---|---|---|---|---|---|---|"]
     for path, m, rows in results:
         ratios = [f"{'real model ' if r['sweep'] == 'compare_real' else ''}"
                   f"{r['method'].replace('kvlab ', '')}: {r['speedup_vs_hf_dynamic']:.2f}× / "
                   f"{r['speedup_vs_hf_static']:.2f}×"
                   for r in rows if r["sweep"] in COMPARISONS and r["method"].startswith("kvlab")]
+        ratios += _scheduler_speedups(rows)
         lines.append(f"| [{path.stem}]({path.stem}.md) | {m['device']} | {m['gpu'] or m['cpu']} | "
                      f"{m['torch']} | {m['threads']} | {m['date']} | {'; '.join(ratios) or '—'} |")
     if not any(m["device"] == "cuda" for _, m, _ in results):

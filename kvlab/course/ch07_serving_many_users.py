@@ -55,8 +55,9 @@ LAYOUT_PARTS = ("prompt", "generated", "future", "internal", "gap")  # plot_kv_m
 
 
 def plot_waste_breakdown(results: dict, band: tuple[float, float] | None = (0.6, 0.8),
-                         band_label: str = "60–80 % waste (vLLM's figure for pre-paging systems)"):
-    """Stacked bars: how the KV memory is spent under each policy (labels -> SimResult)."""
+                         source: str = "vLLM's figure for pre-paging systems"):
+    """Stacked bars: how the KV memory is spent under each policy (labels -> SimResult). `band`, a
+    range of waste, is shaded where the green bar of tokens would end (waste 60–80 %: used 20–40 %)."""
     fig, ax = new_figure(8.5, 0.8 + 0.6 * len(results))
     labels = list(results)[::-1]
     left = [0.0] * len(labels)
@@ -73,8 +74,9 @@ def plot_waste_breakdown(results: dict, band: tuple[float, float] | None = (0.6,
                 va="center", ha="right" if inside else "left", fontsize=9,
                 color="white" if inside else "black")
     if band:
-        ax.axvspan((1 - band[1]) * 100, (1 - band[0]) * 100, color="#4C72B0", alpha=0.15,
-                   label=band_label)
+        lo, hi = (1 - band[1]) * 100, (1 - band[0]) * 100
+        ax.axvspan(lo, hi, color="#4C72B0", alpha=0.15,
+                   label=f"used {lo:.0f}–{hi:.0f} % (= {band[0]:.0%}–{band[1]:.0%} waste, {source})")
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the KV memory (%), averaged over time while requests wait")
     ax.grid(True, axis="x", alpha=0.3)
@@ -142,15 +144,17 @@ def plot_concurrency_vs_memory(memory_bytes, per_sequence_bytes: dict, markers: 
     mem = np.asarray(memory_bytes, dtype=float)
     for label, per_seq in per_sequence_bytes.items():
         ax.plot(mem / GiB, np.floor(mem / per_seq), label=label, lw=2)
-    for name, budget in (markers or {}).items():
+    markers = markers or {}
+    if markers:   # named on a top axis, where no line or count runs through the names
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([b / GiB for b in markers.values()], list(markers), fontsize=8, color="dimgray")
+    for budget in markers.values():
         ax.axvline(budget / GiB, color="gray", ls=":", lw=1)
-        ax.text(budget / GiB, ax.get_ylim()[1] * 0.98, f"{name} ", rotation=90, va="top",
-                ha="right", fontsize=8, color="dimgray")
-        for per_seq in per_sequence_bytes.values():
-            n = budget // per_seq
+        counts = sorted(budget // per_seq for per_seq in per_sequence_bytes.values())
+        for i, n in enumerate(counts):   # neighbours' labels on alternate sides, so close ones part
             ax.plot(budget / GiB, n, "o", color="black", ms=3)
-            ax.annotate(f"{n:,.0f}", (budget / GiB, n), xytext=(4, -10), textcoords="offset points",
-                        fontsize=8)
+            ax.annotate(f"{n:,.0f}", (budget / GiB, n), xytext=(4 if i % 2 == 0 else -4, -10),
+                        textcoords="offset points", ha="left" if i % 2 == 0 else "right", fontsize=8)
     ax.set_xlabel("memory for the KV cache (GiB)")
     ax.set_ylabel("sequences decoded at once")
     ax.set_title(title, fontsize=10)

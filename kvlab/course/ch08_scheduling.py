@@ -304,6 +304,12 @@ def check_ttft_under_budget(answer, prompt_len: int = TTFT_EXERCISE["prompt_len"
     if value is not None and value == math.ceil(prompt_len / token_budget) and value != expected:
         return report(False, "", f"the {decoders} decoding requests take one token each of every "
                                  "step's budget first: the prompt gets what is left.")
+    if value is not None and value == expected + 1:
+        return report(False, "", "the step that feeds the last prompt chunk also produces the first "
+                                 "token: no extra step after the prefill.")
+    if value is not None and value != int(value):
+        return report(False, "", f"{value:g} steps: round up, a partial chunk still takes a whole "
+                                 "step.")
     return numeric(answer, expected, 1e-9,
                    f"Right: {token_budget - decoders} prompt tokens a step, so {int(expected)} steps "
                    f"for {prompt_len} tokens; the last chunk's step also yields the first token.",
@@ -327,6 +333,24 @@ def check_blocks_freed(answer, prompt_len: int = BLOCKS_EXERCISE["prompt_len"],
                    f"hold K/V, in {expected} blocks of {block_size}.",
                    "count the positions whose K/V are stored (prompt and every output token but the "
                    "newest), divide by the block size and round up.")
+
+
+def step_rows(run) -> list[list[tuple[int, int]]]:
+    """Each step's rows as (cached positions, new tokens), replayed from the run's events (a
+    preemption by recompute sets its request's cached positions back to 0; a run with prefix
+    caching, whose hits are not events, is not replayed exactly)."""
+    computed: dict[int, int] = {}
+    out = []
+    for step in run.steps:
+        rows = []
+        for req, kind, n in step.events:
+            if kind in ("prefill", "decode"):
+                rows.append((computed.get(req, 0), n))
+                computed[req] = computed.get(req, 0) + n
+            elif kind == "preempt":
+                computed[req] = 0
+        out.append(rows)
+    return out
 
 
 def mean_and_se(values) -> tuple[float, float]:

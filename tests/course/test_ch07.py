@@ -1,5 +1,6 @@
-"""Chapter 07: the figures draw from kvlab.fragmentation's simulation, and the paging checkers accept
-the right answers, name the usual slips and give any other answer a hint."""
+"""Chapter 07: the figures draw from kvlab.fragmentation's simulation, the paging checkers accept
+the right answers, name the usual slips and give any other answer a hint, and the cache oracle passes
+the paged cache and locates a broken block table."""
 
 import matplotlib
 from answers import WRONG_PAIRS, WRONG_VALUES, hint_test, verdict_test
@@ -25,6 +26,8 @@ def test_chapter_07_figures():
                                           {"loop": [1e-3, 1e-4, 1e-5], "gather": [1e-5, 1e-5, 1e-5]})]
     assert all(isinstance(f, matplotlib.figure.Figure) for f in figs)
     assert [t.get_text() for t in figs[-1].axes[-1].get_legend().get_texts()] == ["loop", "gather"]
+    top = [t.get_text() for ax in figs[3].axes[0].child_axes for t in ax.get_xticklabels()]
+    assert top == ["A100 80GB"]                      # the budgets are named on the top axis
     waste_labels = [t.get_text() for t in figs[1].axes[0].texts]
     assert all(label.startswith("waste ") for label in waste_labels) and len(waste_labels) == len(POLICIES)
     plt.close("all")
@@ -84,3 +87,62 @@ def test_a_slip_that_lands_on_the_right_answer_is_not_called_a_slip(capsys):
 CHECKERS = [ch07.check_paged_blocks, ch07.check_paged_sequences_fit]
 test_any_wrong_answer_gets_a_hint = hint_test(CHECKERS, WRONG_VALUES + WRONG_PAIRS)
 test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test(CHECKERS)
+
+
+# --- the cache oracle on the paged cache (section 3) -------------------------------------------------
+
+def _model_and_batch():
+    import torch
+
+    from kvlab import PRESETS
+    from kvlab.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(PRESETS["tiny-gqa"]).eval()
+    lengths = [13, 6, 9]                                   # left-padded to 13, as in section 1
+    ids = torch.randint(1, model.config.vocab_size, (3, 13 + 6))
+    mask = torch.ones_like(ids)
+    for row, n in enumerate(lengths):
+        mask[row, :13 - n] = 0
+    return model, ids, mask
+
+
+def test_the_paged_cache_passes_the_oracle_on_a_padded_batch():
+    from kvlab import oracle
+    from kvlab.cache import PagedKVCache
+
+    model, ids, mask = _model_and_batch()
+    cache = PagedKVCache(model.config, 3, ids.shape[1], block_size=4, num_blocks=3 * 5)
+    report = oracle.check(model, cache, ids, prompt_len=13, attention_mask=mask)
+    assert report.ok and report.passes == 1 + 6, str(report)
+
+
+def test_the_oracle_locates_a_broken_block_table():
+    from kvlab import oracle
+    from kvlab.cache import PagedKVCache
+
+    model, ids, _ = _model_and_batch()
+    # two entries of a table swapped after the prompt: the first moved position is named
+    cache = PagedKVCache(model.config, 1, 32, block_size=4)
+    watch = oracle.Oracle(model, cache)
+    watch.feed(ids[:1, :13])
+    table = cache.block_tables[0]
+    table[1], table[2] = table[2], table[1]
+    watch.feed(ids[:1, 13:14])
+    first = watch.report.first
+    assert (first.what, first.layer, first.position) == ("keys", 0, 4), str(watch.report)
+    assert "keys of layer 0 at position 4" in str(watch.report)
+    # row 1's table points at row 0's block: row 1 reads row 0's keys at those positions
+    cache = PagedKVCache(model.config, 2, 32, block_size=4)
+    watch = oracle.Oracle(model, cache)
+    watch.feed(ids[:2, :8])                                 # blocks 0-1 for row 0, 2-3 for row 1
+    cache.block_tables[1][1] = cache.block_tables[0][1]    # row 1's second block is row 0's
+    watch.feed(ids[:2, 8:9])
+    first = watch.report.first
+    assert (first.what, first.layer, first.position) == ("keys", 0, 4), str(watch.report)
+    # the same steps through an intact cache: nothing to report
+    cache = PagedKVCache(model.config, 2, 32, block_size=4)
+    watch = oracle.Oracle(model, cache)
+    for part in (ids[:2, :8], ids[:2, 8:9], ids[:2, 9:10]):
+        watch.feed(part)
+    assert watch.report.ok and watch.report.passes == 3

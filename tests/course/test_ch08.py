@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from kvlab import PRESETS  # noqa: E402
 from kvlab.cache import blocks_needed  # noqa: E402
 from kvlab.course import ch08_scheduling as ch08  # noqa: E402
-from kvlab.scheduler import Request, Scheduler, static_batching  # noqa: E402
+from kvlab.scheduler import Request, RooflineClock, Scheduler, static_batching  # noqa: E402
 
 LLAMA = PRESETS["llama-3-8b"]
 
@@ -79,6 +79,20 @@ def test_figures_draw_what_they_are_given():
     plt.close("all")
 
 
+def test_step_rows_replay_what_each_step_fed():
+    requests = [Request([1] * 8, 12), Request([2] * 8, 12), Request([3] * 20, 4, arrival=2)]
+    clock = RooflineClock(LLAMA, "H100 80GB")
+    for preemption in ("recompute", "swap"):
+        run = Scheduler(None, config=LLAMA, num_blocks=8, block_size=4, token_budget=16, clock=clock,
+                        preemption=preemption).run(requests)
+        assert run.preemptions > 0
+        rows = ch08.step_rows(run)
+        assert [sum(n for _, n in r) for r in rows] == [s.tokens for s in run.steps]
+        # the roofline clock charged each step for exactly these rows
+        assert all(clock.step_seconds(r) == s.seconds for r, s in zip(rows, run.steps, strict=True)
+                   if not any(kind.startswith("swap") for _, kind, _ in s.events))
+
+
 def test_static_runs_draw_too():
     requests = [Request([1] * 5, 3), Request([2] * 2, 2, arrival=1)]
     run = static_batching(requests, None, 2, "steps", config=LLAMA)   # request 1 waits for batch 0
@@ -134,7 +148,11 @@ def test_ttft_checker(capsys):
     assert ch08.ttft_steps(**ex) == right == 5
     assert ch08.check_ttft_under_budget(right) and ch08.check_ttft_under_budget("5")
     assert "✓" in capsys.readouterr().out
-    for wrong, hint in [(-(-ex["prompt_len"] // ex["token_budget"]), "take one token each"), (6, "round up")]:
+    slips = [(-(-ex["prompt_len"] // ex["token_budget"]), "take one token each"),
+             (right + 1, "also produces the first token"),
+             (ex["prompt_len"] / (ex["token_budget"] - ex["decoders"]), "round up"),
+             (ex["prompt_len"] / ex["token_budget"], "round up"), (7, "budget minus one token")]
+    for wrong, hint in slips:
         assert not ch08.check_ttft_under_budget(wrong)
         assert hint in capsys.readouterr().out, wrong
     assert ch08.ttft_steps(10, 0, 4) == 3 and ch08.check_ttft_under_budget(3, 10, 0, 4)
