@@ -324,6 +324,22 @@ def test_command_line_quick_run(tmp_path):
         cli.run(cli.parse_args(["--sweeps", "speed"]))
 
 
+def test_the_profile_sweep_splits_each_path_s_step_by_operator(tmp_path):
+    from kvlab.bench.profile import FAST, GENERATE
+
+    result = cli.main(["--quick", "--sweeps", "profile", "--out", str(tmp_path), "--stem", "p",
+                       "--no-progress"])
+    for method in (GENERATE, FAST):
+        rows = [r for r in result["rows"] if r["sweep"] == "profile" and r["method"] == method]
+        *ops, total = rows
+        assert total["operator"] == "all operators" and 0 < total["matmul_share"] < 1
+        assert sum(r["self_ms_per_step"] for r in ops) <= total["self_ms_per_step"] + 1e-9
+        times = [r["self_ms_per_step"] for r in ops]
+        assert times == sorted(times, reverse=True)
+        assert any(r["operator"] in ("aten::mm", "aten::addmm") for r in ops)  # the matrix products show
+    assert "Where a decode step's time goes" in (tmp_path / "p.md").read_text()
+
+
 def test_fit_step_time_recovers_a_line():
     overhead, per_token = bench.fit_step_time([8, 16, 32, 64], [0.002 + 1e-5 * t for t in (8, 16, 32, 64)])
     assert overhead == pytest.approx(0.002) and per_token == pytest.approx(1e-5)

@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import env, memory
+from .. import course_model, env, memory
 from ..config import PRESETS
 from .compare import compare_hf, compare_real_model
 from .machine import copy_bandwidth, device_bandwidth, machine, matvec_bandwidth
+from .profile import decode_profile
 from .report import scheduler_failures, speculative_failures, summary_markdown, token_failures, write_results
 from .scheduling import scheduler_kvlab_tiny, scheduler_real_model
 from .speculation import speculative_kvlab_tiny, speculative_real_model
@@ -48,10 +49,11 @@ def run(args: argparse.Namespace) -> dict:
     if quick:
         config = config.with_(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=256)
     sweeps = [s for s in args.sweeps.split(",") if s and s != "none"]
-    unknown = set(sweeps) - {"lengths", "modes", "batch", "memory", "roofline", "speculative", "scheduler"}
+    unknown = set(sweeps) - {"lengths", "modes", "batch", "memory", "roofline", "speculative", "scheduler",
+                             "profile"}
     if unknown:
         raise ValueError(f"unknown sweeps {sorted(unknown)}; allowed: lengths, modes, batch, memory, "
-                         "roofline, speculative, scheduler, none")
+                         "roofline, speculative, scheduler, profile, none")
     batch_sizes = _positive_ints("--batch-sizes", args.batch_sizes)
     spec_ks = _positive_ints("--speculative-k", args.speculative_k)
     rows: list[dict] = []
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
     # On a GPU, also the share of what a copy far larger than the L2 cache moves: the data-sheet figure
     # is a peak that no program reaches.
     measured = copy_bandwidth(device) if on_gpu else None
-    random_sweeps = [s for s in sweeps if s not in ("speculative", "scheduler")]
+    random_sweeps = [s for s in sweeps if s not in ("speculative", "scheduler", "profile")]
     if random_sweeps:
         model = random_model(config, device, dtype)
         if "lengths" in sweeps:
@@ -97,6 +99,11 @@ def run(args: argparse.Namespace) -> dict:
             rows += speculative_real_model([2] if quick else [3], 8 if quick else 48,
                                            n_prompts=1 if quick else 2, prompt_len=16 if quick else 96,
                                            device=device, **spec)
+    if "profile" in sweeps:  # where a decode step's time goes: the real model when asked for
+        target = (course_model.load_course_model(device=device)[0] if args.real_model
+                  else random_model(config, device, dtype))
+        rows += decode_profile(target, prompt_len=8 if quick else 64, steps=2 if quick else 16)
+        del target
     if "scheduler" in sweeps:  # a trained model, real text: outputs checked against each request alone
         sched = dict(repeats=args.repeats, clock=clock, progress=progress, device=device, quick=quick)
         rows += scheduler_kvlab_tiny(**sched)
@@ -147,14 +154,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                             "interleaved comparisons.")
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers generate (dynamic and static cache) on the same weights")
-    p.add_argument("--sweeps", default="lengths,modes,batch,memory,roofline,speculative,scheduler",
-                   help="comma-separated: lengths, modes, batch, memory, roofline, speculative, scheduler "
+    p.add_argument("--sweeps", default="lengths,modes,batch,memory,roofline,speculative,scheduler,profile",
+                   help="comma-separated: lengths, modes, batch, memory, roofline, speculative, scheduler, "
+                        "profile "
                         "(or none)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median)")
     p.add_argument("--real-model", action="store_true",
                    help="also compare kvlab and transformers on the course's real model, and run the "
-                        "speculative and scheduler sweeps on it (kvlab.course_model.load_course_model; "
-                        "$KVLAB_REAL_MODEL picks another checkpoint)")
+                        "speculative, scheduler and profile sweeps on it "
+                        "(kvlab.course_model.load_course_model; $KVLAB_REAL_MODEL picks another checkpoint)")
     p.add_argument("--hf-new-tokens", type=int, default=64,
                    help="tokens to generate in --compare-hf and --real-model")
     p.add_argument("--prompt-tokens", type=int, default=None,

@@ -90,6 +90,9 @@ SECTIONS = {
                   ["model", "method", "requests", "clock", "tokens_per_s", "median_s", "min_s", "max_s",
                    "speedup_vs_one_at_a_time", "ttft_median_s", "tpot_median_s", "preemptions",
                    "wasted_tokens", "peak_blocks", "tokens_identical", "repeats"]),
+    "profile": ("Where a decode step's time goes (torch.profiler, self CPU time per step)",
+                ["method", "operator", "calls_per_step", "self_ms_per_step", "share_of_step",
+                 "matmul_share"]),
     "roofline": ("Roofline: bytes per decode step ÷ bandwidth",
                  ["method", "batch", "new_tokens", "tokens_per_s", "bound_tokens_per_s",
                   "bytes_per_step", "fraction_of_bandwidth", "bandwidth_source",
@@ -103,6 +106,11 @@ NOTES = {
                   "positions at which its argmax is transformers' next token. speedup_vs_hf_*: "
                   "transformers' median time ÷ this method's; its eager rows run with "
                   "disable_compile=True, its compiled row with transformers' own CompileConfig.",
+    "profile": "Each path decodes 16 tokens (--quick: 2) after a 64-token prompt (8) under torch.profiler; "
+               "per operator, its "
+               "calls and its own (self) CPU time per step, the ten largest, then all operators together "
+               "with matmul_share, the part of the step in matrix products (aten::mm / addmm / bmm / "
+               "matmul). The profiler's own overhead adds to the small operators.",
     "speculative": "One timed call decodes every prompt of its text. speedup_vs_plain: plain greedy "
                    "decoding's median time ÷ this row's; accepted_fraction: accepted ÷ proposed guesses "
                    "(not α: guesses after a rejection are never judged); per_token_acceptance: accepted "
