@@ -10,6 +10,7 @@ caches in `kvlab.cache`; this module only measures.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -130,15 +131,23 @@ class NoWindowQuantizedKVCache(StaticKVCache):
         validate.choice("key_granularity", key_granularity, ("channel", "token"))
         self.bits, self.key_granularity = bits, key_granularity
         self.group_size = validate.integer("group_size", group_size) if key_granularity == "channel" else 1
+        # What the model reads, kept up to date: a complete block's values never change again, so
+        # an update re-rounds only the blocks it touched (the unfinished one from its first token).
+        self.k_read, self.v_read = torch.zeros_like(self.k), torch.zeros_like(self.v)
 
     def update(self, layer, k, v):
+        start = self.lengths[layer]
         super().update(layer, k, v)
+        n, first = self.lengths[layer], start // self.group_size * self.group_size
+        self.k_read[layer, :, :, first:n] = _fake_blocks(self.k[layer, :, :, first:n],
+                                                         self.key_granularity, self.group_size, self.bits)
+        self.v_read[layer, :, :, start:n] = _fake_blocks(self.v[layer, :, :, start:n], "token", 1,
+                                                         self.bits)
         return self.read(layer)
 
     def read(self, layer):
         n = self.lengths[layer]
-        k = _fake_blocks(self.k[layer, :, :, :n], self.key_granularity, self.group_size, self.bits)
-        return k, _fake_blocks(self.v[layer, :, :, :n], "token", 1, self.bits)
+        return self.k_read[layer, :, :, :n], self.v_read[layer, :, :, :n]
 
 
 def _fake_blocks(x: torch.Tensor, granularity: str, block: int, bits: int) -> torch.Tensor:
@@ -214,7 +223,8 @@ def _all_layers(cache) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- other formats, for the practitioner's comparison: FP8 with fixed scales, KIVI's 2-bit ------------
 
-FIXED_FORMATS = (*FP8_FORMATS, "int8")
+FIXED_FORMATS = (*FP8_FORMATS, "int8", "int4")
+INT_MAX_CODE = {"int8": 127, "int4": 7}   # symmetric absmax codes: -q … q
 
 
 @torch.inference_mode()
@@ -232,19 +242,19 @@ def kv_absmax(model, tokens: torch.Tensor, per_head: bool = False) -> tuple[torc
 
 
 class FixedScaleKVCache(StaticKVCache):
-    """K and V rounded to `fmt` ("e4m3", "e5m2": FP8; "int8": absmax codes) with scales fixed in
+    """K and V rounded to `fmt` ("e4m3", "e5m2": FP8; "int8", "int4": absmax codes) with scales fixed in
     advance: per layer, one for the whole tensor or one per KV head (`k_absmax`, `v_absmax` of shape
     (n_layers, 1 or H_kv, 1, 1), from `kv_absmax` on calibration text), as vLLM's FP8 KV cache
     scales. Each token is rounded the moment it arrives, so feeding a prompt at once or token by
     token gives the same values. A value beyond the calibrated range saturates. A simulation for
     measuring quality: it keeps the rounded values in the model's dtype (`format_nbytes` counts
-    the bytes the format would take: one a number plus the scales)."""
+    the bytes the format would take: one a number, half for int4, plus the scales)."""
 
     def __init__(self, config, batch_size, max_seq_len, dtype=torch.float32, device="cpu", *,
                  fmt: str = "e4m3", k_absmax: torch.Tensor, v_absmax: torch.Tensor):
         super().__init__(config, batch_size, max_seq_len, dtype=dtype, device=device)
         self.fmt = validate.choice("fmt", fmt, FIXED_FORMATS)
-        top = 127.0 if fmt == "int8" else fp8_max(fmt)
+        top = float(INT_MAX_CODE[fmt]) if fmt in INT_MAX_CODE else fp8_max(fmt)
         self.scales = []
         for name, amax in (("k_absmax", k_absmax), ("v_absmax", v_absmax)):
             validate.tensor(name, amax, floating=True)
@@ -255,8 +265,9 @@ class FixedScaleKVCache(StaticKVCache):
             self.scales.append(amax.float().clamp(min=1e-12).to(self.k.device) / top)
 
     def _round(self, x, scale):
-        if self.fmt == "int8":
-            return (torch.round(x.float() / scale).clamp(-127, 127) * scale).to(x.dtype)
+        if self.fmt in INT_MAX_CODE:
+            q = INT_MAX_CODE[self.fmt]
+            return (torch.round(x.float() / scale).clamp(-q, q) * scale).to(x.dtype)
         return fake_quantize_fp8(x, scale, self.fmt)
 
     def update(self, layer, k, v):
@@ -269,8 +280,9 @@ class FixedScaleKVCache(StaticKVCache):
 
     @property
     def format_nbytes(self) -> int:
-        """Bytes of the format: one a number (the codes) plus the fp32 scales."""
-        return self.k.numel() + self.v.numel() + 4 * sum(s.numel() for s in self.scales)
+        """Bytes of the format: one a number (half for int4: two codes a byte) plus the fp32 scales."""
+        codes = (self.k.numel() + self.v.numel()) // (2 if self.fmt == "int4" else 1)
+        return codes + 4 * sum(s.numel() for s in self.scales)
 
 
 class _RoundedStore(QuantizedTensorStore):
@@ -348,22 +360,55 @@ def kivi_cache_bytes(config, seq_len: int, batch_size: int = 1, bits: int = 2, g
 
 
 @torch.inference_mode()
-def window_losses(model, windows: torch.Tensor, caches: dict, score_from: int = 1) -> dict:
+def window_losses(model, windows: torch.Tensor, caches: dict, score_from: int = 1,
+                  batch_size: int = 64) -> dict:
     """Each window's mean next-token loss (nats per token) over the positions from `score_from`
     on, with each cache of `caches` (label -> a function (batch, T) -> an empty cache; None: no
-    cache, the exact model). One prefill pass a window batch: kvlab's quantized caches give every
-    query what it would have read decoding token by token, so the loss is the decoding loss."""
+    cache, the exact model). One prefill pass per `batch_size` windows: kvlab's quantized caches
+    give every query the same decisions as decoding token by token (codes once a block is
+    complete, the newest block exact), so the loss is the decoding loss, up to float rounding
+    (`decoding_losses` measures it the slow way)."""
+    windows = torch.as_tensor(windows)
+    t = windows.shape[1]
+    score_from = validate.integer("score_from", score_from, low=1, high=t - 1)
+    batch_size = validate.integer("batch_size", batch_size)
+    out = {}
+    for label, make in caches.items():
+        per_batch = []
+        for chunk in windows.split(batch_size):
+            cache = None if make is None else make(chunk.shape[0], t)
+            per_batch.append(_scored_loss(model(chunk, cache=cache)[:, score_from - 1:-1],
+                                          chunk[:, score_from:]))
+        out[label] = torch.cat(per_batch)
+    return out
+
+
+@torch.inference_mode()
+def decoding_losses(model, windows: torch.Tensor, caches: dict, score_from: int = 1) -> dict:
+    """`window_losses` measured as generation runs: each window's first `score_from` tokens in one
+    prefill pass, then one token a step, scoring the same positions (None: an exact
+    StaticKVCache). Slow (one forward pass a token): for checking the one-pass losses, and for a
+    cache whose rounding of earlier positions changes from step to step, which a single pass cannot
+    show each query (NoWindowQuantizedKVCache re-scales its unfinished block every step)."""
     windows = torch.as_tensor(windows)
     b, t = windows.shape
     score_from = validate.integer("score_from", score_from, low=1, high=t - 1)
-    targets = windows[:, score_from:]
+    dtype = next(model.parameters()).dtype
     out = {}
     for label, make in caches.items():
-        logits = model(windows, cache=None if make is None else make(b, t))[:, score_from - 1:-1]
-        nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                 targets.reshape(-1), reduction="none")
-        out[label] = nats.view(b, -1).mean(dim=1).cpu()
+        cache = (StaticKVCache(model.config, b, t, dtype=dtype, device=windows.device) if make is None
+                 else make(b, t))
+        logits = [model(windows[:, :score_from], cache=cache)[:, -1:]]
+        logits += [model(windows[:, p:p + 1], cache=cache) for p in range(score_from, t - 1)]
+        out[label] = _scored_loss(torch.cat(logits, dim=1), windows[:, score_from:])
     return out
+
+
+def _scored_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss of each row (B,), logits (B, n, vocab) against targets (B, n)."""
+    nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                             targets.reshape(-1), reduction="none")
+    return nats.view(targets.shape[0], -1).mean(dim=1).cpu()
 
 
 def paired_change(losses: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
@@ -375,14 +420,35 @@ def paired_change(losses: torch.Tensor, baseline: torch.Tensor) -> tuple[float, 
     return d.mean().item(), (d.std() / d.numel() ** 0.5).item()
 
 
+def t_critical(df: int, level: float = 0.95) -> float:
+    """The two-sided critical value of Student's t with `df` degrees of freedom: with n paired
+    windows (df = n − 1) a change beyond t_critical × its standard error is resolved at `level`
+    (df = 5: 2.571; it falls towards 1.960 as df grows, so "2 SE" is a 5 % cut only for many
+    windows). Computed by integrating the t density numerically (no SciPy needed)."""
+    df = validate.integer("df", df)
+    if not 0 < level < 1:
+        raise ValueError(f"level={level!r} must be between 0 and 1 (e.g. 0.95)")
+    x = torch.linspace(0, 1000, 200_001, dtype=torch.float64)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = torch.exp(log_c - (df + 1) / 2 * torch.log1p(x * x / df))
+    cdf = torch.cat([x.new_zeros(1), torch.cumulative_trapezoid(density, x)]) + 0.5   # P(T <= x)
+    target = 0.5 + level / 2
+    i = int(torch.searchsorted(cdf, target))
+    if i >= x.numel():
+        raise ValueError(f"t_critical(df={df}, level={level}) lies beyond 1,000: choose a lower level")
+    # linear between the two grid points around it
+    return (x[i - 1] + (target - cdf[i - 1]) / (cdf[i] - cdf[i - 1]) * (x[i] - x[i - 1])).item()
+
+
 # ---- the small run chapter 05's explorer shows ------------------------------------------------------
 
 SMALL_RUN = {"batch": 2, "tokens": 96, "prompt_len": 32}  # 2 sequences of 96 tokens, a prefill of 32
 
 
 def small_run() -> tuple:
-    """(model, tokens (batch, T), description) of a small measurement: kvlab-tiny on held-out text
-    when its checkpoint is there, otherwise a random tiny-mha model (seed 0) on random bytes."""
+    """(model, tokens (batch, T), calibration tokens, description) of a small measurement:
+    kvlab-tiny on held-out text, calibrated on the first 512 bytes of the validation split, when
+    its checkpoint is there; otherwise a random tiny-mha model (seed 0) on random bytes."""
     from . import pretrained
     from .config import PRESETS
     from .generate import encode_bytes
@@ -392,17 +458,23 @@ def small_run() -> tuple:
     try:
         model = pretrained.load("kvlab-tiny")
         ids = encode_bytes(pretrained.corpus_text("held_out"))[: b * t]
-        return model, torch.tensor(ids).view(b, t), "kvlab-tiny on held-out text"
+        calibration = encode_bytes(pretrained.corpus_text("validation"))[:512]
+        return (model, torch.tensor(ids).view(b, t), torch.tensor([calibration]),
+                "kvlab-tiny on held-out text")
     except (FileNotFoundError, OSError):
         with torch.random.fork_rng():
             torch.manual_seed(0)
             model = Transformer(PRESETS["tiny-mha"]).eval()
-        ids = torch.randint(0, model.config.vocab_size, (b, t), generator=torch.Generator().manual_seed(0))
-        return model, ids, "a random tiny-mha model (kvlab-tiny not built) on random bytes"
+        ids, calibration = (torch.randint(0, model.config.vocab_size, shape,
+                                          generator=torch.Generator().manual_seed(seed))
+                            for shape, seed in (((b, t), 0), ((1, 512), 1)))
+        return model, ids, calibration, "a random tiny-mha model (kvlab-tiny not built) on random bytes"
 
 
 def small_run_errors(storage: str = "int8", **cache_options) -> dict:
     """`measure_cache_error` of one storage setting on `small_run()`, plus "run" (what was measured).
+    `calibrated=True` (int8 / int4) measures one fixed scale per layer for all of K and one for V,
+    taken from the calibration text in advance (FixedScaleKVCache): a true per-tensor scale.
 
     The model and tokens are fixed, so each setting is measured once and remembered (an explorer
     redraws often); the caller gets its own copy of the result.
@@ -412,8 +484,18 @@ def small_run_errors(storage: str = "int8", **cache_options) -> dict:
 
 @functools.cache
 def _small_run_errors(storage: str, cache_options: tuple) -> dict:
-    model, tokens, name = small_run()
-    result = measure_cache_error(model, tokens, SMALL_RUN["prompt_len"], storage, **dict(cache_options))
+    model, tokens, calibration, name = small_run()
+    options = dict(cache_options)
+    if options.pop("calibrated", False):
+        validate.choice("storage", storage, INT_MAX_CODE)
+        if options:
+            raise ValueError(f"calibrated=True takes no other cache options; got {sorted(options)}")
+        k_max, v_max = kv_absmax(model, calibration)
+        setting = {storage: lambda b, t: FixedScaleKVCache(model.config, b, t, fmt=storage,
+                                                           k_absmax=k_max, v_absmax=v_max)}
+        result = compare_caches(model, tokens, SMALL_RUN["prompt_len"], setting)[storage]
+    else:
+        result = measure_cache_error(model, tokens, SMALL_RUN["prompt_len"], storage, **options)
     result["run"] = (f"{name}: {tokens.shape[0]} × {tokens.shape[1]} tokens, prefill "
                      f"{SMALL_RUN['prompt_len']}, then one token a step")
     return result

@@ -447,8 +447,20 @@ def test_fixed_scale_cache_rounds_each_token_on_arrival_and_saturates():
     assert cache.format_nbytes == 2 * CFG.n_layers * 16 * CFG.n_kv_heads * CFG.head_dim + 4 * 2 * ka.numel()
     with pytest.raises(ValueError, match=r"k_absmax has shape \(3, 1, 1, 1\); allowed: \(2, 1 or 4, 1, 1\)"):
         quality.FixedScaleKVCache(CFG, 1, 16, fmt="e5m2", k_absmax=torch.ones(3, 1, 1, 1), v_absmax=va)
-    with pytest.raises(ValueError, match="fmt='int4'"):
-        quality.FixedScaleKVCache(CFG, 1, 16, fmt="int4", k_absmax=ka, v_absmax=va)
+    with pytest.raises(ValueError, match="fmt='int3'"):
+        quality.FixedScaleKVCache(CFG, 1, 16, fmt="int3", k_absmax=ka, v_absmax=va)
+
+
+@pytest.mark.parametrize("fmt, q", [("int8", 127), ("int4", 7)])
+def test_fixed_scale_integer_cache_uses_one_calibrated_scale_per_layer(fmt, q):
+    ka, va = torch.full((CFG.n_layers, 1, 1, 1), 2.0), torch.full((CFG.n_layers, 1, 1, 1), 4.0)
+    cache = quality.FixedScaleKVCache(CFG, 1, 16, fmt=fmt, k_absmax=ka, v_absmax=va)
+    k = torch.randn(1, CFG.n_kv_heads, 5, CFG.head_dim, generator=torch.Generator().manual_seed(7))
+    k_read, v_read = cache.update(0, k, 3 * k)
+    torch.testing.assert_close(k_read, torch.round(k / (2.0 / q)).clamp(-q, q) * (2.0 / q))
+    assert len(torch.unique(v_read)) <= 2 * q + 1                       # one grid for the tensor
+    numbers = 2 * CFG.n_layers * 16 * CFG.n_kv_heads * CFG.head_dim
+    assert cache.format_nbytes == numbers // (8 // (4 if fmt == "int4" else 8)) + 4 * 2 * CFG.n_layers
 
 
 def test_window_losses_match_teacher_forced_decoding_and_pair_the_windows():

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 from .. import memory, quality, quant, validate
 from ..cache import quantized_cache_bytes
 from ..config import PRESETS, PUBLISHED
+from .ch03_cache_memory import trained_context
 from .style import Verdict, bytes_label, explorer_plot, new_figure, report, tokens_label
 
 
@@ -57,30 +58,34 @@ def plot_granularity_errors(errors: dict, title: str = ""):
     return fig
 
 
-def plot_perplexity_change(change: dict, title: str = "", unit: str = "byte"):
+def plot_perplexity_change(change: dict, title: str = "", unit: str = "byte", spread: float = 2.0):
     """Held-out loss change of each cache against the exact one (nats per `unit`: "byte" for
-    kvlab-tiny, "token" for a BPE model), with ± 2 paired standard errors: `change` maps a label to
-    (difference, standard error). A bar whose error bar crosses zero is a change that cannot be
-    told from noise."""
+    kvlab-tiny, "token" for a BPE model), with error bars of ± `spread` paired standard errors:
+    `change` maps a label to (difference, standard error). With `spread` the test's cut (2 for many
+    windows; `quality.t_critical(windows - 1)` for a few), a bar whose error bar crosses zero is a
+    change that cannot be told from noise."""
     import numpy as np
 
     labels = list(change)
     delta = np.array([change[k][0] for k in labels], dtype=float)
     se = np.array([change[k][1] for k in labels], dtype=float)
+    unit = validate.choice("unit", unit, ("byte", "token"))
+    if not spread > 0:
+        raise ValueError(f"spread={spread!r} must be a positive number of standard errors")
+    bar = spread * se
     fig, ax = new_figure(7.0, 0.9 + 0.6 * len(labels))
     y = np.arange(len(labels))
-    ax.barh(y, delta, xerr=2 * se, color=["#2ca02c" if "int8" in k else "#9467bd" for k in labels],
+    ax.barh(y, delta, xerr=bar, color=["#2ca02c" if "int8" in k else "#9467bd" for k in labels],
             capsize=5, height=0.5)
     ax.axvline(0, color="black", lw=1)
-    for yi, d, e in zip(y, delta, se, strict=True):
-        ax.annotate(f"{d:+.2e} ± {2 * e:.1e}", (max(d + 2 * e, 0), yi), xytext=(6, 0),
+    for yi, d, e in zip(y, delta, bar, strict=True):
+        ax.annotate(f"{d:+.2e} (± {spread:.3g} SE: {e:.1e})", (max(d + e, 0), yi), xytext=(6, 0),
                     textcoords="offset points", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=9)
     ax.invert_yaxis()
-    lim = float(np.max(np.abs(delta) + 2 * se)) * 1.9 or 1.0
+    lim = float(np.max(np.abs(delta) + bar)) * 2.2 or 1.0
     ax.set_xlim(-lim / 3, lim)
-    unit = validate.choice("unit", unit, ("byte", "token"))
-    ax.set_xlabel(f"held-out loss change vs the exact cache (nats per {unit}), ± 2 paired SE")
+    ax.set_xlabel(f"held-out loss change vs the exact cache (nats per {unit}), ± {spread:.3g} paired SE")
     ax.set_title(title or "perplexity change", fontsize=10)
     return fig
 
@@ -109,12 +114,20 @@ def plot_bytes_ratio(seq_lens, ratios: dict, references: dict | None = None, lim
 
 
 QUANT_DTYPES = ["fp32", "fp16", "int8", "int4"]
+QUANT_GROUP_SIZE = 32                          # tokens sharing a per-channel (or per-block) scale
+# scales -> (key_granularity, value_granularity) of a QuantizedKVCache; "tensor" is no such cache:
+# one scale per layer for all of K and one for V, calibrated in advance (quality.FixedScaleKVCache).
 QUANT_SCALES = {"kivi": ("channel", "token"), "token": ("token", "token"),
-                "channel": ("channel", "channel"), "tensor": ("tensor", "tensor")}
-QUANT_SCALE_LABELS = {"kivi": "K per channel, V per token (KIVI)", "token": "per token (K and V)",
-                      "channel": "per channel (K and V)", "tensor": "per tensor (K and V)"}
+                "channel": ("channel", "channel"), "block": ("tensor", "token"), "tensor": None}
+QUANT_SCALE_LABELS = {
+    "kivi": "K per channel, V per token (KIVI)", "token": "per token (K and V)",
+    "channel": "per channel (K and V)",
+    "block": f"K one scale per {QUANT_GROUP_SIZE}-token block, V per token",
+    "tensor": "per tensor: one calibrated scale a layer for K, one for V"}
 QUANT_SEQ_LENS = [2**k for k in range(9, 18)]  # 512 … 131,072 tokens
-QUANT_GROUP_SIZE = 32                          # tokens sharing a per-channel (or per-tensor) scale
+# Mistral-7B v0.1 attends within a 4,096-token sliding window (config.json "sliding_window"): a
+# rolling cache never holds more than that many tokens a sequence; the curves are full attention.
+SLIDING_WINDOW = {"mistral-7b": 4096}
 
 
 def quant_models() -> list[str]:
@@ -128,6 +141,8 @@ def quant_measurement(dtype: str = "int8", scales: str = "kivi") -> dict:
     _check_quant_choice(dtype, scales)
     if dtype in ("fp32", "fp16"):
         return quality.small_run_errors(dtype)
+    if QUANT_SCALES[scales] is None:
+        return quality.small_run_errors(dtype, calibrated=True)
     k_g, v_g = QUANT_SCALES[scales]
     return quality.small_run_errors(dtype, key_granularity=k_g, value_granularity=v_g,
                                     group_size=QUANT_GROUP_SIZE)
@@ -141,10 +156,13 @@ def _check_quant_choice(dtype: str, scales: str) -> None:
 def quant_cache_bytes(config, seq_len: int, dtype: str = "int8", scales: str = "kivi",
                       batch_size: int = 1) -> int:
     """Cache bytes of one setting: fp32/fp16 from kvlab.memory, int8/int4 with their fp16 scales
-    and the fp16 window of unfinished blocks (kvlab.cache.quantized_cache_bytes)."""
+    and the fp16 window of unfinished blocks (kvlab.cache.quantized_cache_bytes); per tensor, the
+    codes and two fp32 scales a layer (FixedScaleKVCache.format_nbytes)."""
     _check_quant_choice(dtype, scales)
     if dtype in ("fp32", "fp16"):
         return memory.kv_cache_bytes(config, seq_len, batch_size, dtype)
+    if QUANT_SCALES[scales] is None:
+        return memory.kv_cache_bytes(config, seq_len, batch_size, dtype) + 4 * 2 * config.n_layers
     k_g, v_g = QUANT_SCALES[scales]
     return quantized_cache_bytes(config, seq_len, batch_size, bits=8 if dtype == "int8" else 4,
                                  key_granularity=k_g, value_granularity=v_g, group_size=QUANT_GROUP_SIZE)
@@ -155,8 +173,10 @@ def plot_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
     """Cache memory of `model` against sequence length for fp32 / fp16 / int8 / int4 (the chosen
     storage in bold), and the errors measured for the chosen dtype and scale granularity on a small
     cached run (`quant_measurement`). Returns (Figure, readout text). An MLA model (one latent per
-    token, no K/V heads to scale per channel) draws the fp formats only and says so. Unknown names
-    or a non-positive seq_len raise ValueError."""
+    token, no K/V heads to scale per channel) draws the fp formats only and says so. Lengths beyond
+    the context the model was trained for are shaded (chapter 03's `trained_context`), and a
+    sliding-window model's cap is marked (`SLIDING_WINDOW`). Unknown names or a non-positive
+    seq_len raise ValueError."""
     import numpy as np
 
     _check_quant_choice(dtype, scales)
@@ -176,8 +196,7 @@ def plot_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
     if chosen in curves:
         size = quant_cache_bytes(config, seq_len, dtype, scales)
         lines.append(f"{model}: KV cache for {seq_len:,} tokens in {dtype}"
-                     + (f" ({QUANT_SCALE_LABELS[scales]}, groups of {QUANT_GROUP_SIZE} tokens)"
-                        if dtype in ("int8", "int4") else "")
+                     + (f" ({_scales_text(scales)})" if dtype in ("int8", "int4") else "")
                      + f": {fmt(size)} = {size / fp16:.3f}× FP16 ({fmt(fp16)})")
     else:
         message = "MLA latent: no int8 / int4 curve (errors: small MHA run)"
@@ -198,25 +217,49 @@ def plot_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
                      "int8 / int4.")
     elif scales != "kivi":
         lines.append("  compare with 'K per channel, V per token (KIVI)' on the same dtype.")
+    trained, window = trained_context(config), SLIDING_WINDOW.get(model)
+    if seq_len > trained:
+        lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained:,} {model} was trained for (shaded): "
+                     "the bytes are real arithmetic, the model's quality there is not.")
+    if window and chosen in curves:
+        capped = quant_cache_bytes(config, min(seq_len, window), dtype, scales)
+        lines.append(f"† {model} attends within a {window:,}-token sliding window: a rolling cache holds "
+                     f"at most {window:,} tokens a sequence, {fmt(capped)} here; the curves are full "
+                     "attention.")
     title = f"{model}: KV cache, batch 1 (computed)"
     setting = dtype + (f", {QUANT_SCALE_LABELS[scales]}" if dtype in ("int8", "int4") else "")
     measured_on = m["run"].split(" on ")[0]   # the quality is measured on a small model, not `model`
     fig = plot_quant_memory_and_error(lens, curves, chosen if chosen in curves else "fp16", seq_len, errors,
                                       title=title,
-                                      message=f"{message or setting}\nerror measured on {measured_on}")
+                                      message=f"{message or setting}\nerror measured on {measured_on}",
+                                      trained_context=trained, window=window)
     return fig, "\n".join(lines)
 
 
+def _scales_text(scales: str) -> str:
+    """The readout's words for a scale setting: its label, and the token groups where it has them."""
+    blocks = scales in ("kivi", "channel", "block")   # a scale spans a block of tokens
+    return QUANT_SCALE_LABELS[scales] + (f", groups of {QUANT_GROUP_SIZE} tokens" if blocks else "")
+
+
 def plot_quant_memory_and_error(seq_lens, curves: dict, chosen: str, seq_len: int, errors: dict,
-                                title: str = "", message: str = ""):
+                                title: str = "", message: str = "", trained_context: int | None = None,
+                                window: int | None = None):
     """The quantization explorer's figure. Left: cache bytes against sequence length, one line a
-    storage format (`curves`: label -> bytes array), the chosen one bold, a dot at seq_len.
-    Right: the measured relative errors of the chosen setting (`errors`: name -> value)."""
+    storage format (`curves`: label -> bytes array), the chosen one bold, a dot at seq_len; lengths
+    beyond `trained_context` shaded, a sliding `window` marked. Right: the measured relative errors
+    of the chosen setting (`errors`: name -> value)."""
     import numpy as np
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained",
                                       gridspec_kw={"width_ratios": [1.35, 1]})
     lens = np.asarray(seq_lens, dtype=float)
+    if trained_context and trained_context < lens[-1]:
+        left.axvspan(max(trained_context, lens[0]), lens[-1], color="#999999", alpha=0.18, lw=0,
+                     label=f"beyond the trained context ({tokens_label(trained_context)})")
+    if window:
+        left.axvline(window, color="#d62728", ls="--", lw=1,
+                     label=f"sliding window ({window:,}): a rolling cache stops")
     colors = {"fp32": "#7f7f7f", "fp16": "#1f77b4", "int8": "#2ca02c", "int4": "#9467bd"}
     for label, values in curves.items():
         bold = label == chosen
@@ -235,7 +278,7 @@ def plot_quant_memory_and_error(seq_lens, curves: dict, chosen: str, seq_len: in
     left.set_xlabel("sequence length (tokens)")
     left.set_ylabel("KV cache")
     left.grid(True, alpha=0.3)
-    left.legend(fontsize=8, loc="upper left")
+    left.legend(fontsize=7, loc="upper left")
     left.set_title(title, fontsize=10)
     names, values = list(errors), [errors[n] for n in errors]
     y = np.arange(len(names))
@@ -292,7 +335,8 @@ def check_quantize_keys_per_channel(fn) -> Verdict:
     channel and channels whose largest value is negative. The hints name the likely mistakes:
     reducing over the wrong dim (one scale per token, or one for the whole tensor), the max without
     abs, the scale not divided by 127 (or by 128 / 255), a truncating cast, (scale, codes) swapped.
-    Scales in fp16 or bf16 are fine (they halve the scales' bytes), to their precision."""
+    Scales in fp16 or bf16 are fine (they halve the scales' bytes), to their precision: the codes
+    may be rounded with the float32 scale or with the cast one."""
     import torch
 
     if fn is None:
@@ -312,7 +356,9 @@ def check_quantize_keys_per_channel(fn) -> Verdict:
         if hint:
             return report(False, "", hint)
     return report(True, "Right: one scale per channel, so the outlier channel no longer coarsens "
-                        "the others; every value is within half a step of the original.", "")
+                        "the others; every value is within half a step of the original"
+                        + ("." if result[1].dtype == torch.float32 else
+                           f" (plus the rounding of the scale itself to {result[1].dtype})."), "")
 
 
 def _dense(t) -> bool:
@@ -366,8 +412,11 @@ def _quantize_keys_hint(k, result) -> str:
             return ("take the absolute value before the max: k.amax(dim=0) misses a channel whose "
                     "large values are negative; use k.abs().amax(dim=0, keepdim=True) / 127.")
         return "scale = absmax of each channel / 127: k.abs().amax(dim=0, keepdim=True) / 127."
+    # The codes of the scale as returned, or of the float32 scale before a cast to fp16 / bf16
+    # (bf16 keeps 8 bits of mantissa: k / scale then moves by up to half a code near 127).
     exact = torch.round(k / s).clamp(-127, 127)
-    if (codes.int() - want.data.int()).abs().max() > 1 or (codes.float() != exact).float().mean() > 0.01:
+    off = min((codes.float() != exact).float().mean(), (codes.float() != want.data.float()).float().mean())
+    if (codes.int() - want.data.int()).abs().max() > 1 or off > 0.01:
         if torch.equal(codes.float(), torch.trunc(k / s).clamp(-127, 127)):
             return ("round to the nearest integer (torch.round) before casting to int8; a bare cast "
                     "truncates toward zero.")

@@ -12,6 +12,12 @@ from ..memory import GPUS
 from .style import Verdict, close, new_figure, report
 
 
+def gpu_label(name: str) -> str:
+    """A kvlab.memory.GPUS name with its form factor where the data sheet's bandwidth depends on it:
+    "A100 80GB" -> "A100 SXM 80GB" (the PCIe part moves 1,935 GB/s, not 2,039)."""
+    return name.replace(" ", " SXM ", 1) if "SXM" in GPUS[name].note else name
+
+
 def plot_lengths(rows: list[dict], title: str = "Naive vs cached decoding"):
     """Tokens/s against generated length, one line per method (rows from `bench.sweep_lengths`)."""
     fig, ax = new_figure(7.0, 4.0)
@@ -82,7 +88,7 @@ def plot_intensity(config, gpu_names: list[str], contexts: list[int], batches: l
     for name in gpu_names:
         ridge = roofline.ridge_point(roofline.PEAK_FP16_FLOPS[name], GPUS[name].bandwidth_bytes_per_s)
         ax.axhline(ridge, ls="--", color="grey", lw=1)
-        ax.annotate(f"ridge point, {name}: {ridge:.0f} FLOPs/byte", (batches[0], ridge),
+        ax.annotate(f"ridge point, {gpu_label(name)}: {ridge:.0f} FLOPs/byte", (batches[0], ridge),
                     textcoords="offset points", xytext=(2, 3), fontsize=8, color="dimgrey")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -94,30 +100,46 @@ def plot_intensity(config, gpu_names: list[str], contexts: list[int], batches: l
 
 
 # ---- exercise: the roofline of Llama-3-8B with INT8 weights on a T4 -------------------------------
-# In FP16 its 16 GB of weights do not fit a T4 (chapter 11's planner refuses it); in INT8 they do.
+# In FP16 its 16 GB of weights do not fit a T4 (chapter 03's planner, kvlab.memory.plan, refuses
+# it); in INT8 they do.
 
 
 ROOFLINE_EXERCISE = {"model": "llama-3-8b", "gpu": "T4 16GB", "dtype": "int8"}
 
 
 def check_llama3_int8_t4_roofline(answer) -> Verdict:
-    """Upper bound on tokens/s for Llama-3-8B with INT8 weights at batch 1 (short context) on a T4."""
+    """Upper bound on tokens/s for Llama-3-8B with INT8 weights at batch 1 (short context) on a T4.
+    The hints name the likely slips: seconds or milliseconds per token, the whole embedding table
+    counted as read, the output layer left out (Llama-3 does not tie it to the embedding), bytes in
+    GiB divided into GB/s, and the FP16 bound."""
     cfg, gpu = PRESETS[ROOFLINE_EXERCISE["model"]], GPUS[ROOFLINE_EXERCISE["gpu"]]
     dtype, bw = ROOFLINE_EXERCISE["dtype"], gpu.bandwidth_bytes_per_s
     bound = roofline.roofline(cfg, bw, context=0, dtype=dtype)
     hint = ("every decode step reads each weight once, except the input embedding, of which it "
             "looks up one row: bytes = roofline.decode_step_bytes(config, 0, 1, 'int8'); the T4 moves "
-            "320 GB/s, so tokens/s ≤ bandwidth ÷ bytes per step")
+            "320 GB/s, so tokens/s ≤ bandwidth ÷ bytes per step.")
     if answer is None:
         return report(False, "", hint)
-    if close(answer, 1 / bound.tokens_per_s, rel=0.02):
-        return report(False, "", "that looks like seconds per token; the question asks for tokens/s")
-    if close(answer, bw / memory.weight_bytes(cfg, dtype), rel=0.01):
-        return report(False, "", "you counted the whole embedding table (128,256 rows) as read every "
-                                 "step; a step looks up one row of it. " + hint)
-    fp16 = roofline.roofline(cfg, bw, context=0, dtype="fp16").tokens_per_s
-    if close(answer, fp16, rel=0.02) or close(answer, bw / memory.weight_bytes(cfg, "fp16"), rel=0.02):
-        return report(False, "", "that is the FP16 bound: INT8 weights take one byte each. " + hint)
+    output_layer = cfg.vocab_size * cfg.d_model          # one byte a weight in INT8
+    named = [
+        ((1 / bound.tokens_per_s,), 0.02,
+         "that looks like seconds per token; the question asks for tokens/s."),
+        ((1e3 / bound.tokens_per_s,), 0.02,
+         "that looks like milliseconds per token; the question asks for tokens/s."),
+        ((bw / memory.weight_bytes(cfg, dtype),), 0.01,
+         f"you counted the whole embedding table ({cfg.vocab_size:,} rows) as read every step; a step "
+         "looks up one row of it."),
+        ((bw / (bound.bytes_per_step - output_layer), bw / (bound.bytes_per_step / memory.GiB * 1e9)), 0.005,
+         f"too high: either you left out the output layer ({cfg.vocab_size:,} × {cfg.d_model:,}, read "
+         "whole every step: Llama-3 does not tie it to the embedding), or you took the bytes in GiB "
+         "against a bandwidth in GB/s (320 GB/s is 320 × 10⁹ bytes a second)."),
+        ((roofline.roofline(cfg, bw, context=0, dtype="fp16").tokens_per_s,
+          bw / memory.weight_bytes(cfg, "fp16")), 0.02,
+         "that is the FP16 bound: INT8 weights take one byte each."),
+    ]
+    for values, rel, text in named:
+        if any(close(answer, v, rel=rel) for v in values):
+            return report(False, "", f"{text} In general: {hint}")
     return report(close(answer, bound.tokens_per_s, rel=0.02),
                   f"{bound.tokens_per_s:.1f} tokens/s at most: {bound.bytes_per_step / 1e9:.2f} GB read a "
                   f"step ÷ {bw / 1e9:.0f} GB/s, twice the FP16 bound (which would not fit the card)",

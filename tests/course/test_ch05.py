@@ -141,6 +141,12 @@ def _keys_answer(reduce=lambda k: k.abs().amax(0, keepdim=True) / 127, rounding=
 def test_the_keys_checker_accepts_scales_in_half_precision(scale_dtype):
     assert ch05.check_quantize_keys_per_channel(_keys_answer(scale_dtype=scale_dtype))
 
+    def cast_after_the_codes(k):      # codes from the float32 scale, the scale stored in half
+        s = k.abs().amax(0, keepdim=True) / 127
+        return torch.round(k / s).clamp(-127, 127).to(torch.int8), s.to(scale_dtype)
+
+    assert ch05.check_quantize_keys_per_channel(cast_after_the_codes)
+
 
 @pytest.mark.parametrize("answer, hint", [
     (_keys_answer(reduce=lambda k: k.amax(0, keepdim=True) / 127), "absolute value before the max"),
@@ -171,11 +177,15 @@ def test_perplexity_change_draws_two_standard_errors():
     fig = ch05.plot_perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, title="t")
     labels = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
-    assert labels == ["+1.00e-05 ± 4.0e-05", "+2.00e-03 ± 8.0e-04"]
-    fig = ch05.plot_perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, unit="token")
-    label = fig.axes[0].get_xlabel()
+    assert labels == ["+1.00e-05 (± 2 SE: 4.0e-05)", "+2.00e-03 (± 2 SE: 8.0e-04)"]
+    fig = ch05.plot_perplexity_change({"int8": (1e-5, 2e-5), "int4": (2e-3, 4e-4)}, unit="token",
+                                      spread=2.571)
+    label, texts = fig.axes[0].get_xlabel(), [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
-    assert "nats per token" in label
+    assert "nats per token" in label and "± 2.57 paired SE" in label
+    assert texts[0] == "+1.00e-05 (± 2.57 SE: 5.1e-05)"
+    with pytest.raises(ValueError, match="spread=0"):
+        ch05.plot_perplexity_change({"int8": (1e-5, 2e-5)}, spread=0)
 
 
 def test_the_quality_panel_says_which_model_it_was_measured_on():
@@ -185,3 +195,31 @@ def test_the_quality_panel_says_which_model_it_was_measured_on():
     title = fig.axes[1].get_title()
     plt.close(fig)
     assert "measured on kvlab-tiny" in title or "measured on a random tiny-mha model" in title
+
+
+def test_the_scale_choices_say_what_they_are_and_per_tensor_is_one_calibrated_scale():
+    block, tensor = ch05.quant_measurement("int8", "block"), ch05.quant_measurement("int8", "tensor")
+    kivi = ch05.quant_measurement("int8", "kivi")
+    assert "32-token block" in ch05.QUANT_SCALE_LABELS["block"]
+    assert "calibrated" in ch05.QUANT_SCALE_LABELS["tensor"]
+    # the block setting differs from KIVI in its keys only (V per token in both)
+    assert block["v_rounding_error"] == pytest.approx(kivi["v_rounding_error"], rel=0.02)
+    assert tensor["k_rounding_error"] > block["k_rounding_error"] > kivi["k_rounding_error"]
+    cfg = PRESETS["llama-2-7b"]
+    assert ch05.quant_cache_bytes(cfg, 4096, "int8", "tensor") == (
+        memory.kv_cache_bytes(cfg, 4096, dtype="int8") + 4 * 2 * cfg.n_layers)
+    texts = {s: ch05.plot_quant("int8", s, 4096, "llama-2-7b")[1] for s in ch05.QUANT_SCALES}
+    plt.close("all")
+    assert "groups of 32 tokens" in texts["kivi"] and "groups of 32 tokens" in texts["block"]
+    assert "groups of" not in texts["token"] and "groups of" not in texts["tensor"]
+
+
+def test_the_explorer_shades_untrained_lengths_and_marks_a_sliding_window():
+    fig, text = ch05.plot_quant("int8", "kivi", 8192, "mistral-7b")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert "sliding window" in text and "4,096" in text
+    assert any("sliding window" in t for t in labels) and any("trained context" in t for t in labels)
+    _, text = ch05.plot_quant("int8", "kivi", 16384, "llama-2-7b")
+    plt.close("all")
+    assert "beyond the 4,096" in text and "sliding" not in text

@@ -56,5 +56,25 @@ def test_roofline_exercise_checker(capsys):
     assert "FP16 bound" in capsys.readouterr().out
 
 
+def test_roofline_checker_names_the_output_layer_gib_and_milliseconds(capsys):
+    t4, cfg = memory.GPUS["T4 16GB"].bandwidth_bytes_per_s, PRESETS["llama-3-8b"]
+    step = roofline.decode_step_bytes(cfg, 0, 1, "int8")
+    check = ch06.check_llama3_int8_t4_roofline
+    no_output_layer = t4 / (step - cfg.vocab_size * cfg.d_model)     # 45.85: Llama-3 does not tie it
+    in_gib = t4 / (step / memory.GiB * 1e9)                           # 45.78: GiB against GB/s
+    for wrong in (no_output_layer, in_gib):
+        assert not check(round(wrong, 2))
+        out = capsys.readouterr().out
+        assert "output layer" in out and "GiB" in out and "In general:" in out
+    assert not check(round(1e3 * step / t4, 2))                       # 23.45 ms per token
+    assert "milliseconds per token" in capsys.readouterr().out
+
+
 test_any_wrong_answer_gets_a_hint = hint_test([ch06.check_llama3_int8_t4_roofline], WRONG_VALUES)
 test_whatever_is_typed_the_checker_answers_with_a_verdict = verdict_test([ch06.check_llama3_int8_t4_roofline])
+
+
+def test_gpu_labels_name_the_sxm_parts_whose_bandwidth_the_course_uses():
+    assert ch06.gpu_label("A100 80GB") == "A100 SXM 80GB"
+    assert ch06.gpu_label("H100 80GB") == "H100 SXM 80GB"
+    assert ch06.gpu_label("T4 16GB") == "T4 16GB"
