@@ -11,7 +11,18 @@ import torch
 
 from ..cache import DynamicKVCache
 from . import style
-from .style import CACHED_FACE, MODEL_FACE, NEW_FACE, PROMPT_FACE, Verdict, arrow, box, new_figure, report
+from .style import (
+    CACHED_FACE,
+    MODEL_FACE,
+    NEW_FACE,
+    PROMPT_FACE,
+    Verdict,
+    arrow,
+    box,
+    dense_tensor,
+    new_figure,
+    report,
+)
 
 
 def plot_prefill_decode(prompt_len: int = 4, decode_steps: int = 3):
@@ -273,11 +284,6 @@ def _after(located: str, hint: str) -> str:
     return located + (hint[:1].upper() + hint[1:] if located else hint)
 
 
-def _dense(t) -> bool:
-    """An ordinary tensor: strided (not sparse), not nested, not on the meta device."""
-    return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested and not t.is_meta
-
-
 # ---- exercise: the decode step of one attention layer -------------------------------------------
 
 
@@ -364,7 +370,7 @@ def _decode_form_hint(result, case) -> str:
         return "return three things: (out, k_cache, v_cache)."
     if not all(isinstance(t, torch.Tensor) for t in result):
         return "out, k_cache and v_cache must all be tensors."
-    if not all(_dense(t) for t in result):
+    if not all(dense_tensor(t) for t in result):
         return "return ordinary dense tensors (not sparse, nested or meta ones)."
     wrong = [t for t in result if t.dtype != q.dtype or t.device != q.device]
     if wrong:
@@ -475,7 +481,7 @@ def _chunk_form_hint(result, start: int, length: int) -> str:
     if not isinstance(positions, torch.Tensor) or not isinstance(mask, torch.Tensor):
         return ("positions and mask must both be tensors (torch.arange, kvlab.attention.causal_mask or a "
                 "comparison of two aranges).")
-    if not (_dense(positions) and _dense(mask)):
+    if not (dense_tensor(positions) and dense_tensor(mask)):
         return "return ordinary dense tensors (not sparse, nested or meta ones)."
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         return f"positions should be integers (e.g. torch.arange); got dtype {positions.dtype}."

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 from .. import memory, quality, quant, validate
 from ..cache import quantized_cache_bytes
 from ..config import PRESETS, PUBLISHED
-from .ch03_cache_memory import trained_context
-from .style import Verdict, bytes_label, explorer_plot, new_figure, report, tokens_label
+from .ch03_cache_memory import WINDOWED, trained_context
+from .style import Verdict, bytes_label, dense_tensor, explorer_plot, new_figure, report, tokens_label
 
 
 def plot_channel_magnitudes(k_absmax, v_absmax, title: str = "", heads: int | None = None):
@@ -125,9 +125,6 @@ QUANT_SCALE_LABELS = {
     "block": f"K one scale per {QUANT_GROUP_SIZE}-token block, V per token",
     "tensor": "per tensor: one calibrated scale a layer for K, one for V"}
 QUANT_SEQ_LENS = [2**k for k in range(9, 18)]  # 512 … 131,072 tokens
-# Mistral-7B v0.1 attends within a 4,096-token sliding window (config.json "sliding_window"): a
-# rolling cache never holds more than that many tokens a sequence; the curves are full attention.
-SLIDING_WINDOW = {"mistral-7b": 4096}
 
 
 def quant_models() -> list[str]:
@@ -175,7 +172,7 @@ def plot_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
     cached run (`quant_measurement`). Returns (Figure, readout text). An MLA model (one latent per
     token, no K/V heads to scale per channel) draws the fp formats only and says so. Lengths beyond
     the context the model was trained for are shaded (chapter 03's `trained_context`), and a
-    sliding-window model's cap is marked (`SLIDING_WINDOW`). Unknown names or a non-positive
+    sliding-window model's cap is marked (chapter 03's `WINDOWED`). Unknown names or a non-positive
     seq_len raise ValueError."""
     import numpy as np
 
@@ -217,7 +214,7 @@ def plot_quant(dtype: str = "int8", scales: str = "kivi", seq_len: int = 4096,
                      "int8 / int4.")
     elif scales != "kivi":
         lines.append("  compare with 'K per channel, V per token (KIVI)' on the same dtype.")
-    trained, window = trained_context(config), SLIDING_WINDOW.get(model)
+    trained, window = trained_context(config), WINDOWED.get(model)
     if seq_len > trained:
         lines.append(f"⚠ {seq_len:,} tokens is beyond the {trained:,} {model} was trained for (shaded): "
                      "the bytes are real arithmetic, the model's quality there is not.")
@@ -361,13 +358,6 @@ def check_quantize_keys_per_channel(fn) -> Verdict:
                            f" (plus the rounding of the scale itself to {result[1].dtype})."), "")
 
 
-def _dense(t) -> bool:
-    import torch
-
-    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
-            and not t.is_meta)
-
-
 def _quantize_keys_hint(k, result) -> str:
     """What is wrong with `result` for keys k, or "" when it is right."""
     import torch
@@ -378,7 +368,7 @@ def _quantize_keys_hint(k, result) -> str:
             and all(isinstance(t, torch.Tensor) for t in result)):
         return "return two tensors: (codes, scale)."
     codes, scale = result
-    if not (_dense(codes) and _dense(scale)):
+    if not (dense_tensor(codes) and dense_tensor(scale)):
         return "return ordinary dense tensors (not sparse, nested or meta ones)."
     if scale.dtype == torch.int8 and codes.is_floating_point() and codes.shape != k.shape:
         return "return (codes, scale) in that order: the int8 codes first, then the scale."

@@ -175,6 +175,15 @@ def _not_a_number_dtype(answer) -> bool:
     return "bool" in kind or "complex" in kind
 
 
+def dense_tensor(t) -> bool:
+    """Whether a learner's function returned an ordinary tensor: strided (not sparse), not nested, not
+    on the meta device; a checker hints "return ordinary dense tensors" for anything else."""
+    import torch
+
+    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
+            and not t.is_meta)
+
+
 def as_number(answer) -> float | None:
     """A finite number from an int, a float, a one-element tensor or array (of any shape: [15] and
     [[15]] too), or a string like '8,390,656'; None for anything else (None, a bool, bytes, a complex
