@@ -30,13 +30,18 @@ def scheduler_stream(encode, n_requests: int = 16, prompt_lens=(16, 128), output
     return out
 
 
-def scheduler_policies(requests: list[Request], block_size: int = 16) -> dict[str, dict]:
-    """Scheduler settings by label: a roomy pool with a large and a small token budget, and a pool
-    of about a third of what the stream needs at once, preempting by recompute or by swap."""
+def scheduler_policies(requests: list[Request], block_size: int = 16,
+                       static_batch: int = 8) -> dict[str, dict]:
+    """Scheduler settings by label: a roomy pool with a large and a small token budget, the large one
+    also capped at the static batches' size (so scheduling alone is compared with static batching, not
+    a bigger batch), and a pool of about a third of what the stream needs at once, preempting by
+    recompute or by swap."""
     need = sum(-(-(len(r.prompt) + r.max_new_tokens) // block_size) for r in requests)
     longest = max(-(-(len(r.prompt) + r.max_new_tokens) // block_size) for r in requests)
     tight = max(longest, need // 3)
     return {"continuous, budget 512": dict(num_blocks=need, token_budget=512),
+            f"continuous, budget 512, at most {static_batch} at once":
+                dict(num_blocks=need, token_budget=512, max_batch=static_batch),
             "continuous, budget 64": dict(num_blocks=need, token_budget=64),
             f"continuous, {tight} blocks, recompute": dict(num_blocks=tight, token_budget=512),
             f"continuous, {tight} blocks, swap": dict(num_blocks=tight, token_budget=512,
@@ -52,7 +57,7 @@ def sweep_scheduler(model, label: str, requests: list[Request], repeats: int = 3
     static = f"static, batches of {static_batch}"
     servers = {SEQUENTIAL: lambda: static_batching(requests, model, 1, clock),
                static: lambda: static_batching(requests, model, static_batch, clock)}
-    for name, kw in scheduler_policies(requests, block_size).items():
+    for name, kw in scheduler_policies(requests, block_size, static_batch).items():
         sched = Scheduler(model, block_size=block_size, clock=clock, **kw)
         servers[name] = (lambda sched=sched: sched.run(requests))
     runs: dict = {}
