@@ -156,16 +156,8 @@ def course_model_name() -> str:
 
 def load_course_model(dtype=None, device=None, transformers_too: bool = False) -> tuple:
     """(kvlab model, tokenizer), or with transformers_too (kvlab model, tokenizer, transformers model)
-    on the same weights: the course's model, or what $KVLAB_REAL_MODEL names. On the CPU kvlab's
-    model keeps its weights input-major (`Transformer.store_weights_input_major`: faster decoding)."""
+    on the same weights: the course's model, or what $KVLAB_REAL_MODEL names."""
     dtype, device = as_dtype(dtype), device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = _load(dtype, device, transformers_too)
-    if torch.device(device).type == "cpu":  # decode steps stream the weights: the CPU's fast layout
-        loaded[0].store_weights_input_major()
-    return loaded
-
-
-def _load(dtype: torch.dtype, device, transformers_too: bool) -> tuple:
     source = os.environ.get(REAL_MODEL_ENV)
     if not source:
         path = locate()

@@ -35,8 +35,8 @@ SmolLM2-135M, operator by operator; benchmarks/ records it):
   the output layer). So on the CPU the decoder keeps its own contiguous (in, out) copy of every
   weight matrix (`weight_layout="input-major"`: as many bytes again as the model's matrices, reported
   by `weight_copy_bytes`; build the decoder after the weights are final), unless the model stores its
-  weights that way already (`Transformer.store_weights_input_major`, as the course's real model does
-  on the CPU): then the decoder reads the model's own. On a GPU it multiplies by
+  weights that way already (`Transformer.store_weights_input_major`, which `kvlab.bench` calls before
+  timing batch-1 decoding on the CPU): then the decoder reads the model's own. On a GPU it multiplies by
   a transposed *view* of the model's own weights (`"model"`: no copy, the same kernel as
   `F.linear`).
 * **Attention on one thread.** The attention of one new token over a few hundred cached positions is

@@ -235,7 +235,10 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
                    measured_bandwidth_bytes_per_s: float | None = None) -> list[dict]:
     """kvlab cached decoding vs `transformers` generate on the same weights (hf_model and kv_model =
     `from_hf(hf_model)`), batch 1, greedy, runs interleaved; one row a method with the median, min and
-    max time, ratios to each transformers row, and the token checks (module docstring).
+    max time, ratios to each transformers row, and the token checks (module docstring). On the CPU
+    kv_model's weights are first stored input-major (`Transformer.store_weights_input_major`: the
+    same values in the layout the CPU's BLAS streams fastest for a batch of one; transformers keeps
+    its own layout).
 
     fast_modes: the `kvlab.fast` modes to time too ("graph" needs a GPU); each keeps one decoder and
     one captured/compiled step across calls, as transformers keeps its static cache.
@@ -251,6 +254,8 @@ def compare_models(hf_model, kv_model, ids: torch.Tensor, new_tokens: int, *, sw
     device, dtype = kv_model.embed.weight.device, kv_model.embed.weight.dtype
     config, prompt_len = kv_model.config, ids.shape[1]
     hf_compiled = device.type == "cuda" if hf_compiled is None else hf_compiled
+    if device.type == "cpu":  # batch-1 decoding streams the weights: kvlab's CPU layout for it
+        kv_model.store_weights_input_major()
     mask = torch.ones_like(ids)
     outputs: dict[str, torch.Tensor] = {}
     decisions: dict[str, list[bool]] = {}

@@ -105,7 +105,9 @@ NOTES = {
                   "generate, the fixed-shape step for the fast rows) fed transformers' tokens, the share of "
                   "positions at which its argmax is transformers' next token. speedup_vs_hf_*: "
                   "transformers' median time ÷ this method's; its eager rows run with "
-                  "disable_compile=True, its compiled row with transformers' own CompileConfig.",
+                  "disable_compile=True, its compiled row with transformers' own CompileConfig. On the CPU "
+                  "kvlab's model stores its weights input-major (Transformer.store_weights_input_major), "
+                  "the layout the CPU's BLAS streams fastest for batch-1 decoding.",
     "profile": "Each path decodes 16 tokens (--quick: 2) after a 64-token prompt (8) under torch.profiler; "
                "per operator, its "
                "calls and its own (self) CPU time per step, the ten largest, then all operators together "
