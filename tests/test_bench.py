@@ -275,6 +275,11 @@ def test_command_line_compares_on_the_real_model(real_checkpoint, tmp_path, monk
     md = (tmp_path / "real.md").read_text()
     assert "on the real model" in md and "identical tokens from kvlab and transformers (required): met" in md
     assert "real model generate (static cache)" in (tmp_path / "README.md").read_text()
+    for r in (r for r in rows if r["method"].startswith("kvlab")):   # the goal line: fastest and eager
+        fastest = min(r["speedup_vs_hf_dynamic"], r["speedup_vs_hf_static"])   # no compiled row here
+        assert (f"- CPU, real model, {r['method']}: at least 1.3× the fastest `transformers` row and 50 % "
+                f"of the matrix-vector bandwidth: {fastest:.2f}× ({fastest:.2f}× its faster eager cache), "
+                f"{r['fraction_of_bandwidth']:.0%} — ") in md
 
 
 def test_different_tokens_in_fp32_fail_the_run_after_writing_it(tmp_path, monkeypatch):

@@ -112,7 +112,7 @@ def test_every_chapters_deck_has_the_guides_notes_and_the_notebooks_slides(tmp_p
     nbformat.write(deck, written[3])
     said.clear()
     assert written[3] not in slides.write_decks(NOTEBOOKS, tmp_path, log=said.append)
-    assert any(s.startswith(f"kept {written[3]}") and "--force" in s for s in said), said
+    assert any(s.startswith(f"kept {written[3]}") and "make slides FORCE=1" in s for s in said), said
 
 
 def test_an_old_notes_cell_is_dropped_from_a_notebook(tmp_path):

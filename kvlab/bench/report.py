@@ -207,15 +207,17 @@ def _target_lines(result: dict) -> list[str]:
                 out.append(f"- CPU, {name}: at least {floor:g}× `transformers` generate with its dynamic "
                            f"cache: {ratio:.2f}× ({r['speedup_vs_hf_static']:.2f}× vs its static cache) — "
                            f"{verdict}{share}.")
-        # Issue 26, item 6: on the real model, at least 1.3× the faster transformers cache and at least
-        # half of the measured matrix-vector bandwidth.
+        # Issue 26, item 6: on the real model, at least 1.3× transformers and at least half of the
+        # measured matrix-vector bandwidth; judged against the fastest transformers row (its compiled
+        # one when run), the stricter reading, with the eager comparison shown beside it.
         for r in real:
             share = r.get("fraction_of_bandwidth")
             ok = _fastest_hf(r) >= 1.3 and share is not None and share >= 0.5
             reached = f"{share:.0%}" if share is not None else "not measured"
-            out.append(f"- CPU, real model, {r['method']}: at least 1.3× the faster `transformers` cache "
-                       f"and 50 % of the matrix-vector bandwidth: {_fastest_hf(r):.2f}×, {reached} — "
-                       f"{'met' if ok else 'NOT met'}.")
+            eager = min(r["speedup_vs_hf_dynamic"], r["speedup_vs_hf_static"])  # vs its faster eager cache
+            out.append(f"- CPU, real model, {r['method']}: at least 1.3× the fastest `transformers` row "
+                       f"and 50 % of the matrix-vector bandwidth: {_fastest_hf(r):.2f}× "
+                       f"({eager:.2f}× its faster eager cache), {reached} — {'met' if ok else 'NOT met'}.")
     fast = [r for name, r in rows.items() if name.startswith("kvlab fast")]
     if on_gpu and fast:
         key = "speedup_vs_hf_compiled" if all("speedup_vs_hf_compiled" in r for r in fast) \
