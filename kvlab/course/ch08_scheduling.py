@@ -15,7 +15,16 @@ from .. import validate
 from ..cache.paged import blocks_needed
 from ..config import PRESETS
 from ..scheduler import Request, Scheduler, poisson_arrivals
-from .style import Verdict, as_number, explorer_plot, new_figure, numeric, report, shown
+from .style import (
+    Verdict,
+    as_number,
+    explorer_plot,
+    labelled_slider,
+    new_figure,
+    numeric,
+    report,
+    shown,
+)
 
 # What a request is doing during a step: its colour and legend label.
 PHASES = {"waiting": ("#E8E8E8", "waiting"), "prefill": ("#F2B880", "prefill (prompt chunk)"),
@@ -254,15 +263,9 @@ def scheduling_explorer():
     pool's use, and the latencies."""
     import ipywidgets as w
 
-    style, wide = {"description_width": "110px"}, w.Layout(width="440px")
-
-    def slider(name, options, value):
-        return w.SelectionSlider(options=[(f"{o:g}", o) for o in options], value=value,
-                                 description=name, style=style, layout=wide, continuous_update=False)
-
-    budget = slider("token budget", EXPLORER_BUDGETS, 64)
-    blocks = slider("KV blocks", EXPLORER_BLOCKS, 64)
-    rate = slider("arrivals/step", EXPLORER_RATES, 0.3)
+    budget = labelled_slider("token budget", EXPLORER_BUDGETS, 64, "{:g}")
+    blocks = labelled_slider("KV blocks", EXPLORER_BLOCKS, 64, "{:g}")
+    rate = labelled_slider("arrivals/step", EXPLORER_RATES, 0.3, "{:g}")
     readout = w.HTML()
     readout.add_class("kvlab-readout")
     out = explorer_plot(plot_schedule, {"token_budget": budget, "num_blocks": blocks,

@@ -10,7 +10,17 @@ import matplotlib.pyplot as plt
 from .. import validate
 from ..config import PRESETS
 from ..memory import format_bytes, kv_bytes_per_token
-from .style import Verdict, as_number, close, explorer_plot, new_figure, numeric, report, shown
+from .style import (
+    Verdict,
+    as_number,
+    close,
+    explorer_plot,
+    labelled_slider,
+    new_figure,
+    numeric,
+    report,
+    shown,
+)
 
 POLICY_COLORS = {"full": "#333333", "window": "#C44E52", "sinks + window": "#4C72B0",
                  "heavy hitters": "#55A868"}
@@ -346,15 +356,9 @@ def prefix_sharing_explorer():
     prefill work saved."""
     import ipywidgets as w
 
-    style, wide = {"description_width": "110px"}, w.Layout(width="440px")
-
-    def slider(name, options, value):
-        return w.SelectionSlider(options=[(f"{o:,}", o) for o in options], value=value,
-                                 description=name, style=style, layout=wide, continuous_update=False)
-
-    users = slider("users", SHARING_USERS, 16)
-    prefix = slider("shared prefix", SHARING_PREFIX, 1024)
-    suffix = slider("own suffix", SHARING_SUFFIX, 64)
+    users = labelled_slider("users", SHARING_USERS, 16)
+    prefix = labelled_slider("shared prefix", SHARING_PREFIX, 1024)
+    suffix = labelled_slider("own suffix", SHARING_SUFFIX, 64)
     readout = w.HTML()
     readout.add_class("kvlab-readout")
     out = explorer_plot(plot_sharing, {"users": users, "prefix_len": prefix, "suffix_len": suffix},

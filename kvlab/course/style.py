@@ -111,6 +111,16 @@ def explorer_plot(draw, controls: dict, readout, skip=lambda: False):
     return out
 
 
+def labelled_slider(name: str, options, value, fmt: str = "{:,}"):
+    """A slider over the given values, each shown with fmt, updating when released (an explorer's
+    redraw takes a moment)."""
+    import ipywidgets as w
+
+    return w.SelectionSlider(options=[(fmt.format(o), o) for o in options], value=value,
+                             description=name, style={"description_width": "110px"},
+                             layout=w.Layout(width="440px"), continuous_update=False)
+
+
 def positive_int(x) -> bool:
     """Is x a whole number >= 1 (and not a bool)?"""
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
