@@ -277,20 +277,28 @@ def check_sim_reserved_waste(answer) -> Verdict:
 
 def plot_capacity_curve(config, gpu_names=None, dtype: str = "fp16", weight_dtype: str = "fp16",
                         reserve_fraction: float = 0.1, seq_lens=None):
-    """How many sequences of each length fit next to the weights, one line per GPU (log-log).
+    """How many sequences of each length fit next to the weights, one line per GPU (log-log); GPUs
+    within one sequence (or 1 %) of each other at every length share a line, labelled "A ≈ B".
 
     A GPU whose memory the weights (plus reserve) already fill gets no line, and the legend says so.
     """
     gpu_names = list(memory.GPUS) if gpu_names is None else list(gpu_names)
     seq_lens = [2**k for k in range(9, 18)] if seq_lens is None else list(seq_lens)
-    curves: dict[tuple, list[str]] = {}  # GPUs with the same memory share one line
+    curves: list[tuple[tuple, list[str]]] = []   # (sequences that fit at each length, GPUs)
     for name in gpu_names:
         batches = tuple(memory.plan(config, name, s, 1, dtype, weight_dtype, reserve_fraction).max_batch
                         for s in seq_lens)
-        curves.setdefault(batches, []).append(name)
+        # GPUs of (nearly) the same memory share one line: A100 80GB and H100 80GB differ by at most
+        # one sequence, and two such lines would hide one another
+        same = [c for c in curves if all((a == 0) == (b == 0) and abs(a - b) <= max(1, 0.01 * b)
+                                         for a, b in zip(c[0], batches, strict=True))]
+        if same:
+            same[0][1].append(name)
+        else:
+            curves.append((batches, [name]))
     fig, ax = new_figure(7.5, 4.2)
-    for batches, names in curves.items():
-        label = " = ".join(names)
+    for batches, names in curves:
+        label = " ≈ ".join(names)
         if not any(batches):
             ax.plot([], [], linestyle="none", marker="x", color="grey",
                     label=f"{label}: the weights do not fit")

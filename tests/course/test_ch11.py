@@ -107,10 +107,13 @@ def test_capacity_curve_merges_equal_gpus_and_names_those_that_cannot_hold_the_w
     fig = ch11.plot_capacity_curve(PRESETS["llama-3-8b"])
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "T4 16GB: the weights do not fit" in labels
-    named = [name for label in labels for name in label.split(":")[0].split(" = ")]
+    named = [name for label in labels for name in label.split(":")[0].split(" ≈ ")]
     assert sorted(named) == sorted(memory.GPUS)  # every GPU once, on its own line or sharing one
-    curves = [tuple(line.get_ydata()) for line in fig.axes[0].get_lines() if len(line.get_ydata())]
-    assert len(curves) == len(set(curves))  # GPUs with the same counts share one line
+    assert "A100 80GB ≈ H100 80GB" in labels     # 891 against 892 sequences at most: one line
+    curves = [line.get_ydata() for line in fig.axes[0].get_lines() if len(line.get_ydata())]
+    for i, a in enumerate(curves):                # no two lines lie within one sequence of each other
+        for b in curves[i + 1:]:
+            assert len(a) != len(b) or any(abs(x - y) > max(1, 0.01 * y) for x, y in zip(a, b, strict=True))
     plt.close(fig)
 
 
