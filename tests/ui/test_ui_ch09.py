@@ -1,6 +1,6 @@
-"""Chapter 09's two ui.explorers in JupyterLab, in Chromium: run the notebook, then move a control of
-each explorer and check that the plot changes and the readout says what the chapter's drawing
-function computes for the settings the controls show."""
+"""Chapter 09's two explorers in JupyterLab, in Chromium: run the notebook's set-up and explorer
+cells, then move a control of each explorer and check that the plot changes and the readout says
+what the chapter's drawing function computes for the settings the controls show."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def budget_readout(settings: dict) -> str:
 
 
 def test_chapter_09_explorers_answer_their_controls(lab_server, page, screenshot_dir):
-    ui.open_notebook(page, f"{lab_server.url}/lab/tree/{NOTEBOOK.name}?reset")
+    name = ui.explorer_copy(NOTEBOOK, lab_server.root)   # its set-up and explorer cells
+    ui.open_notebook(page, f"{lab_server.url}/lab/tree/{name}?reset")
     ui.run_all(page)
     all_cells = ui.cells(page)
     errors = ui.error_report(all_cells) or ui.dom_error_report(page)

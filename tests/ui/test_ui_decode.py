@@ -72,13 +72,18 @@ def test_play_advances_and_the_slider_scrubs(lab_server, page, screenshot_dir):
                            arg=explorer.root.element_handle(), timeout=120_000, polling=200)
     settings, readout = explorer.wait_redrawn(before, _expected)
     assert int(settings["step"]) == STEPS - 1
+    # Play stops on its first tick after the last step: wait for that, or a scrub would restart it.
+    page.wait_for_function("""(root) => {
+        const icon = root.querySelector('.widget-play button i');
+        return icon && icon.className.includes('fa-play'); }""",
+                           arg=explorer.root.element_handle(), timeout=60_000, polling=200)
     explorer.root.screenshot(path=screenshot_dir / "decode-1-played.png")
 
     # Scrub with the slider: back to the prefill, then to the last step.
     for key, want in (("Home", 0), ("ArrowRight", 1), ("End", STEPS - 1)):
         before = explorer.snapshot()
         explorer.press("step", key)
-        settings, readout = explorer.wait_redrawn(before, _expected)
-        assert int(settings["step"]) == want
+        settings, readout = explorer.wait_redrawn(before, _expected,
+                                                  settled=lambda s, want=want: int(s["step"]) == want)
         explorer.root.screenshot(path=screenshot_dir / f"decode-2-{key.lower()}.png")
     assert f"step {STEPS - 1} of {STEPS - 1}" in readout

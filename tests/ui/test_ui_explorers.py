@@ -1,7 +1,8 @@
 """The course's widgets, used the way a learner uses them: in JupyterLab (and Notebook 7), in Chromium.
 
-For every notebook that calls an `…_explorer(` function: run it top to bottom in JupyterLab, check
-that no cell shows an error and every widget renders, then move each control of each explorer
+For every notebook that calls an `…_explorer(` function: run its set-up and explorer cells in
+JupyterLab (`uihelpers.explorer_copy`; nbval runs every cell), check that no cell shows an error and
+every widget renders, then move each control of each explorer
 (sliders by keyboard and by mouse drag, dropdowns by selection, number boxes by typing) and check
 that the plot changed and the readout now says what kvlab's drawing function computes for the
 settings the controls show. Screenshots before and after each move go to a temporary folder
@@ -249,7 +250,8 @@ def run_and_check(page, url: str) -> list[dict]:
 def test_explorers_in_jupyterlab(lab_server, page, screenshot_dir, notebook):
     # ?reset: a fresh workspace, so tabs of earlier tests are not reopened
     start = time.monotonic()
-    all_cells = run_and_check(page, f"{lab_server.url}/lab/tree/{notebook.name}?reset")
+    name = ui.explorer_copy(notebook, lab_server.root)
+    all_cells = run_and_check(page, f"{lab_server.url}/lab/tree/{name}?reset")
     print(f"{notebook.name}: opened and ran in {time.monotonic() - start:.0f} s")
     page.screenshot(path=screenshot_dir / f"{notebook.stem}-lab.png", full_page=True)
     found = ui.explorers(page, all_cells)
@@ -266,7 +268,8 @@ def test_explorer_in_notebook7(lab_server, page, screenshot_dir):
     if not NOTEBOOK_PATHS:
         pytest.skip(f"no notebook in {NOTEBOOKS} calls an …_explorer( yet")
     notebook = next((p for p in NOTEBOOK_PATHS if p.name.startswith("03_")), NOTEBOOK_PATHS[0])
-    all_cells = run_and_check(page, f"{lab_server.url}/notebooks/{notebook.name}")
+    name = ui.explorer_copy(notebook, lab_server.root)
+    all_cells = run_and_check(page, f"{lab_server.url}/notebooks/{name}")
     explorer = ui.explorers(page, all_cells)[0]
     explorer.wait_ready()
     twin = Twin(explorer.name)

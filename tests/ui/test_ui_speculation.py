@@ -82,8 +82,8 @@ def test_play_advances_the_slider_scrubs_and_the_drafter_switches(lab_server, pa
     for key, want in (("Home", 1), ("ArrowRight", 2), ("End", last)):
         before = explorer.snapshot()
         explorer.press("step", key)
-        settings, readout = explorer.wait_redrawn(before, _expected)
-        assert int(settings["step"]) == want
+        settings, readout = explorer.wait_redrawn(before, _expected,
+                                                  settled=lambda s, want=want: int(s["step"]) == want)
     assert f"step {last} of {last}" in readout
 
     # The other drafter: another recording, the same step.

@@ -46,6 +46,35 @@ def explorer_notebooks(folder: Path) -> list[Path]:
     return found
 
 
+SETUP_CALL = "kvlab.env.setup("
+
+
+def explorer_copy(notebook: Path, folder: Path) -> str:
+    """Write into `folder` the part of `notebook` a learner runs to use its explorers, and return
+    the copy's file name: the set-up cells (up to the one that calls kvlab.env.setup) and each
+    explorer cell with the markdown cell just above it. nbval runs every cell of every notebook (and
+    the slides test runs a chapter top to bottom in JupyterLab); running each whole chapter again
+    here would double the test time and add nothing the browser shows about the widgets."""
+    nb = json.loads(notebook.read_text())
+    cells = nb["cells"]
+    setup_end = next((i for i, c in enumerate(cells)
+                      if c["cell_type"] == "code" and SETUP_CALL in "".join(c["source"])), None)
+    if setup_end is None:
+        raise AssertionError(f"{notebook.name}: no set-up cell (one that calls {SETUP_CALL}…)")
+    keep = [c for c in cells[:setup_end + 1] if c["cell_type"] == "code"]
+    for i, cell in enumerate(cells[setup_end + 1:], start=setup_end + 1):
+        if cell["cell_type"] == "code" and EXPLORER_CALL.search("".join(cell["source"])):
+            if cells[i - 1]["cell_type"] == "markdown":
+                keep.append(cells[i - 1])
+            keep.append(cell)
+    for cell in keep:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    name = f"{notebook.stem}-explorers.ipynb"
+    (folder / name).write_text(json.dumps({**nb, "cells": keep}))
+    return name
+
+
 def normalize(text: str | None) -> str:
     """Whitespace-insensitive text (the browser turns spaces into NBSPs in places)."""
     return " ".join((text or "").replace("\u00a0", " ").split())
@@ -317,8 +346,12 @@ class Explorer:
         box.press("Enter")
 
     def wait_redrawn(self, before: dict, expected: Callable[[dict], str],
-                     timeout_s: float = MOVE_TIMEOUT_S) -> tuple[dict, str]:
+                     timeout_s: float = MOVE_TIMEOUT_S,
+                     settled: Callable[[dict], bool] = lambda settings: True) -> tuple[dict, str]:
         """Wait until the plot changed and the readout equals expected(settings read from the UI).
+
+        `settled(settings)` must hold too: a test that knows where a move lands (a key press on a
+        slider) passes it, so a redraw still coming from the move before cannot pass for this one.
 
         `before` is the snapshot taken before the move. The settings are read again on every
         change of the page (a control can move others, via the kernel), so the readout is compared
@@ -339,7 +372,7 @@ class Explorer:
                 cache[key] = normalize(expected(settings))
             want = cache[key]
             if (snap["idle"] and snap["image"] and snap["image"] != image_before and readout == want
-                    and (readout != readout_before or want == cache[key_before])):
+                    and (readout != readout_before or want == cache[key_before]) and settled(settings)):
                 return settings, readout
             left_ms = (deadline - time.monotonic()) * 1000
             if left_ms <= 0:
