@@ -35,7 +35,7 @@ lab: $(STAMP)
 # Tests never download: the real model comes from the installed wheel, and nothing asks a hub.
 test: $(STAMP)
 	@echo "test: ruff, then pytest: unit and course tests, every notebook (nbval), the website, the browser"
-	@echo "test: about 15 minutes on two cores, two pytest workers (a notebook's cells stay on one); a dot a test"
+	@echo "test: about 10-15 minutes on two cores, two pytest workers (a notebook's cells stay on one); a dot a test"
 	$(VENV)/bin/ruff check kvlab tests tools notebooks conftest.py
 	$(OFFLINE) $(PY) -m pytest -n 2 --dist loadfile tests notebooks $(NBVAL)
 
