@@ -64,19 +64,8 @@ def test_play_advances_and_the_slider_scrubs(lab_server, page, screenshot_dir):
     explorer.root.screenshot(path=screenshot_dir / "decode-0-start.png")
 
     # Play: the step moves on by itself to the last one (no repeat), and the picture follows.
-    before = explorer.snapshot()
-    explorer.root.locator(".widget-play button").first.click()
-    page.wait_for_function("""(root) => {
-        const h = root.querySelector('.widget-slider .noUi-handle');
-        return h && h.getAttribute('aria-valuenow') === h.getAttribute('aria-valuemax'); }""",
-                           arg=explorer.root.element_handle(), timeout=120_000, polling=200)
-    settings, readout = explorer.wait_redrawn(before, _expected)
+    settings, readout = explorer.play_to_end(_expected)
     assert int(settings["step"]) == STEPS - 1
-    # Play stops on its first tick after the last step: wait for that, or a scrub would restart it.
-    page.wait_for_function("""(root) => {
-        const icon = root.querySelector('.widget-play button i');
-        return icon && icon.className.includes('fa-play'); }""",
-                           arg=explorer.root.element_handle(), timeout=60_000, polling=200)
     explorer.root.screenshot(path=screenshot_dir / "decode-1-played.png")
 
     # Scrub with the slider: back to the prefill, then to the last step.

@@ -63,19 +63,8 @@ def test_play_advances_the_slider_scrubs_and_the_drafter_switches(lab_server, pa
     explorer.root.screenshot(path=screenshot_dir / "speculation-0-start.png")
 
     # Play: the step moves on by itself to the last one (no repeat), and the picture follows.
-    before = explorer.snapshot()
-    explorer.root.locator(".widget-play button").first.click()
-    page.wait_for_function("""(root) => {
-        const h = root.querySelector('.widget-slider .noUi-handle');
-        return h && h.getAttribute('aria-valuenow') === h.getAttribute('aria-valuemax'); }""",
-                           arg=explorer.root.element_handle(), timeout=120_000, polling=200)
-    settings, readout = explorer.wait_redrawn(before, _expected)
+    settings, readout = explorer.play_to_end(_expected)
     assert int(settings["step"]) == last
-    # Play stops on its first tick after the last step: wait for that, or a scrub would restart it.
-    page.wait_for_function("""(root) => {
-        const icon = root.querySelector('.widget-play button i');
-        return icon && icon.className.includes('fa-play'); }""",
-                           arg=explorer.root.element_handle(), timeout=60_000, polling=200)
     explorer.root.screenshot(path=screenshot_dir / "speculation-1-played.png")
 
     # Scrub with the slider: back to the first step, one on, then to the last.

@@ -317,6 +317,23 @@ class Explorer:
           return !!(r && r.textContent.trim() && root.querySelector('.widget-output img'));
         }""", arg=self.root.element_handle(), timeout=timeout_ms, polling=250)
 
+    def play_to_end(self, expected: Callable[[dict], str]) -> tuple[dict, str]:
+        """Press the explorer's Play button and wait until its step slider reached the last step, the
+        plot and readout follow (`wait_redrawn`) and Play has stopped again; returns (settings,
+        readout). Play stops on its first tick after the last step: a scrub before that restarts it."""
+        before = self.snapshot()
+        self.root.locator(".widget-play button").first.click()
+        self.page.wait_for_function("""(root) => {
+            const h = root.querySelector('.widget-slider .noUi-handle');
+            return h && h.getAttribute('aria-valuenow') === h.getAttribute('aria-valuemax'); }""",
+                                    arg=self.root.element_handle(), timeout=120_000, polling=200)
+        settings, readout = self.wait_redrawn(before, expected)
+        self.page.wait_for_function("""(root) => {
+            const icon = root.querySelector('.widget-play button i');
+            return icon && icon.className.includes('fa-play'); }""",
+                                    arg=self.root.element_handle(), timeout=60_000, polling=200)
+        return settings, readout
+
     # --- moving controls ---
 
     def press(self, description: str, key: str) -> None:
